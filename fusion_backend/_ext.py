@@ -1,0 +1,155 @@
+"""Build, cache and load the CUDA kernels in csrc/ (``fusekit_cuda``).
+
+Built on first use on a CUDA machine (or ahead of time with ``python -m fusion_backend.build``) with
+ninja through ``torch.utils.cpp_extension.load``, into
+``$FUSEKIT_CACHE`` (default ``~/.cache/fusekit``) ``/torch<ver>-cu<ver>-sm<arch>-<hash>``, where the hash
+covers every source, the flags, torch's and CUDA's versions and the arch. A cached build is loaded with
+``torch.ops.load_library`` and never compiled again. Where there is no GPU, no toolkit, or the build
+fails, nothing is raised: CUDA patterns simply do not fire, and ``status()`` says why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import pathlib
+import sys
+import threading
+import time
+
+import torch
+
+NAME = "fusekit_cuda"
+CXX_FLAGS = ["-O3", "-std=c++17"]
+# No --use_fast_math: quantize kernels must round exactly as eager PyTorch does.
+CUDA_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class Status:
+    loaded: bool
+    reason: str
+    path: str | None = None
+    arch: str | None = None
+
+
+_status: Status | None = None
+
+
+def csrc_dir() -> pathlib.Path | None:
+    """csrc/ ships as fusion_backend.csrc in wheels and maps to the checkout's csrc/ when editable."""
+    spec = importlib.util.find_spec("fusion_backend.csrc")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    roots.append(str(pathlib.Path(__file__).resolve().parent.parent / "csrc"))
+    for r in roots:
+        if any(pathlib.Path(r).glob("*.cu")):
+            return pathlib.Path(r)
+    return None
+
+
+def arch_flag(arch: str) -> str:
+    """'9.0a' -> -gencode=arch=compute_90a,code=sm_90a (wgmma needs the 'a' target)."""
+    num = arch.replace(".", "")
+    return f"-gencode=arch=compute_{num},code=sm_{num}"
+
+
+def device_arch(device: int | None = None) -> str:
+    env = os.environ.get("FUSEKIT_CUDA_ARCH")
+    if env:
+        return env
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
+
+
+def sources(root: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(root.glob("*.cu"))
+
+
+def build_dir(root: pathlib.Path, arch: str) -> pathlib.Path:
+    h = hashlib.sha256()
+    for f in sorted([*root.glob("*.cu"), *root.glob("*.h"), *root.glob("*.cuh")]):
+        h.update(f.name.encode() + f.read_bytes())
+    h.update(repr((CXX_FLAGS, CUDA_FLAGS, torch.__version__, torch.version.cuda, arch)).encode())
+    cache = pathlib.Path(os.environ.get("FUSEKIT_CACHE", "~/.cache/fusekit")).expanduser()
+    return cache / f"torch{torch.__version__}-cu{torch.version.cuda}-sm{arch}-{h.hexdigest()[:16]}"
+
+
+def build(arch: str, verbose: bool = False) -> pathlib.Path:
+    """Compile csrc/ for `arch` (no GPU needed) and return the shared library's path."""
+    from torch.utils.cpp_extension import load
+
+    root = csrc_dir()
+    if root is None:
+        raise FileNotFoundError("fusekit: csrc/ with *.cu sources not found")
+    bd = build_dir(root, arch)
+    so = bd / f"{NAME}.so"
+    if so.exists():
+        return so
+    bd.mkdir(parents=True, exist_ok=True)
+    lock = bd / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > 600:
+        # torch < 2.14 waits forever on the lock file a killed build leaves behind
+        print(f"fusekit: removing stale build lock {lock}", file=sys.stderr)
+        lock.unlink(missing_ok=True)
+    os.environ.setdefault("MAX_JOBS", str(min(8, os.cpu_count() or 1)))
+    t0 = time.time()
+    print(f"fusekit: building CUDA kernels for sm_{arch.replace('.', '')} into {bd} "
+          f"(once per torch/CUDA/arch/source version; about a minute)", file=sys.stderr, flush=True)
+    load(name=NAME, sources=[str(s) for s in sources(root)], build_directory=str(bd),
+         extra_cflags=CXX_FLAGS, extra_cuda_cflags=[*CUDA_FLAGS, arch_flag(arch)],
+         extra_include_paths=[str(root)], is_python_module=False, verbose=verbose)
+    print(f"fusekit: built in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return so
+
+
+def load_for_device() -> Status:
+    """Load (building if needed) the kernels for the current GPU; cached per process."""
+    global _status
+    with _LOCK:
+        if _status is None:
+            _status = _load()
+        return _status
+
+
+def _load() -> Status:
+    if os.environ.get("FUSEKIT_DISABLE_EXT"):
+        return Status(False, "disabled by FUSEKIT_DISABLE_EXT")
+    if not (torch.version.cuda and torch.cuda.is_available()):
+        return Status(False, "no CUDA device (or a CPU build of torch)")
+    if csrc_dir() is None:
+        return Status(False, "csrc/ sources not found")
+    arch = device_arch()
+    try:
+        so = build(arch, verbose=bool(os.environ.get("FUSEKIT_VERBOSE_BUILD")))
+        torch.ops.load_library(str(so))
+    except Exception as exc:  # noqa: BLE001 - a failed build disables CUDA patterns, nothing more
+        print(f"fusekit: CUDA kernels unavailable ({type(exc).__name__}: {str(exc)[:300]}); "
+              f"CUDA patterns will not fire", file=sys.stderr)
+        return Status(False, f"build/load failed: {type(exc).__name__}: {exc}", arch=arch)
+    return Status(True, "loaded", str(so), arch)
+
+
+def has_cuda_kernel(op: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fusekit::{op}", "CUDA")
+
+
+def missing_cuda_kernel(op: str, device: torch.device) -> str | None:
+    """None when fusekit::op can run on `device`, else the reason it cannot."""
+    st = load_for_device()
+    if not st.loaded:
+        return f"CUDA kernels not available: {st.reason}"
+    if device_arch(device.index) != st.arch:
+        return f"kernels built for sm_{st.arch}, device is sm_{device_arch(device.index)}"
+    if not has_cuda_kernel(op):
+        return f"fusekit::{op} has no CUDA kernel yet"
+    return None
+
+
+def build_id() -> str:
+    """Identifies the kernels a compiled graph may call (part of the pass's cache key)."""
+    root = csrc_dir()
+    if root is None:
+        return "no-csrc"
+    return build_dir(root, "any").name.rsplit("-", 1)[-1]

@@ -1,0 +1,77 @@
+"""The ``fusekit`` torch.compile backend: Inductor, plus fusekit's pass as ``post_grad_custom_post_pass``.
+
+    torch.compile(model, backend="fusekit")                                  # entry point, no import
+    torch.compile(model, backend="fusekit", mode="reduce-overhead")
+    torch.compile(model, backend="fusekit", options={"cpu_reference": True, "max_autotune": True})
+    torch.compile(model, backend=fusion_backend.backend(mode="reduce-overhead", options={...}))
+
+torch.compile refuses ``mode`` and ``options`` together, so fusekit also takes ``options={"mode": ...}``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import torch
+
+FUSEKIT_KEYS = ("patterns", "disable", "cpu_reference", "verify", "mode")
+
+
+def _as_names(v: Any, key: str) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return (v,)
+    if isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in v):
+        return tuple(v)
+    raise TypeError(f"fusekit: options[{key!r}] must be a pattern id, a family or a list of them")
+
+
+def split_options(mode: str | None, options: Mapping[str, Any] | None):
+    """-> (FusekitOptions, Inductor config patches)."""
+    from torch._inductor import list_mode_options
+
+    from . import registry
+    from .passes import FusekitOptions
+
+    opts = dict(options or {})
+    opt_mode = opts.pop("mode", None)
+    if opt_mode is not None and mode is not None and opt_mode != mode:
+        raise ValueError(f"fusekit: mode={mode!r} and options['mode']={opt_mode!r} disagree")
+    mode = mode or opt_mode
+    patterns = opts.pop("patterns", None)
+    disable = opts.pop("disable", ())
+    fk = FusekitOptions(
+        patterns=registry.select(None if patterns is None else _as_names(patterns, "patterns"),
+                                 _as_names(disable, "disable") if disable else ()),
+        cpu_reference=bool(opts.pop("cpu_reference", False)),
+        verify=bool(opts.pop("verify", False)),
+    )
+    patches: dict[str, Any] = {}
+    if mode not in (None, "default"):
+        try:
+            patches.update(list_mode_options(mode))
+        except KeyError:
+            raise ValueError(f"fusekit: unrecognized mode={mode!r}") from None
+    patches.update(opts)  # everything else is Inductor's, unchanged
+    return fk, patches
+
+
+def fusekit(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | None = None,
+            options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """The backend function torch.compile calls (registered under the `torch_dynamo_backends`
+    entry point, so it is deliberately not decorated with @register_backend)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    from . import ops  # noqa: F401 - schemas must exist before any (cached) graph calls them
+    from .passes import FusekitPass
+
+    fk, patches = split_options(mode, options)
+    user_post = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
+    patches["post_grad_custom_post_pass"] = FusekitPass(fk, user_post)
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def backend(mode: str | None = None, options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """A configured backend callable, for `torch.compile(m, backend=fusion_backend.backend(...))`."""
+    split_options(mode, options)  # fail early on bad options
+    return functools.partial(fusekit, mode=mode, options=dict(options or {}))

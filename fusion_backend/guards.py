@@ -1,0 +1,217 @@
+"""Guards: named checks on a match, run before a site is rewritten.
+
+A guard returns None when the site is fine, or a short reason; the first failing guard stops the
+rewrite and becomes a near miss in the report (pattern, site, guard, reason). Every pattern gets the
+dtype, device and scalar guards; the table adds shape, stride and contiguity guards.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import Tensor
+from torch._inductor import pattern_matcher as pm
+
+from . import _ext
+from .stats import active_run
+
+if TYPE_CHECKING:
+    from .registry import Pattern
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    name: str
+    check: Callable[["Site"], str | None]
+
+
+class Site:
+    """A candidate match, with each argument's value (a FakeTensor or a Python scalar)."""
+
+    def __init__(self, match: pm.Match, run: Any) -> None:
+        self.match, self.run = match, run
+
+    def arg(self, name: str) -> Any:
+        v = self.match.kwargs[name]
+        return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
+
+    def tensor(self, name: str) -> Tensor:
+        return self.arg(name)
+
+
+# ---- guard constructors ------------------------------------------------------------------------
+def contiguous(*names: str) -> Guard:
+    def check(s: Site) -> str | None:
+        for n in names:
+            t = s.tensor(n)
+            if not t.is_contiguous():
+                return f"{n} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()})"
+        return None
+
+    return Guard(f"contiguous({', '.join(names)})", check)
+
+
+def same_shape(*names: str) -> Guard:
+    def check(s: Site) -> str | None:
+        shapes = {n: tuple(s.tensor(n).shape) for n in names}
+        return None if len(set(shapes.values())) == 1 else f"shapes differ: {shapes}"
+
+    return Guard(f"same_shape({', '.join(names)})", check)
+
+
+def same_dtype(*names: str) -> Guard:
+    def check(s: Site) -> str | None:
+        dts = {n: s.tensor(n).dtype for n in names}
+        return None if len(set(dts.values())) == 1 else f"dtypes differ: {dts}"
+
+    return Guard(f"same_dtype({', '.join(names)})", check)
+
+
+def last_dim_vector(name: str, of: str) -> Guard:
+    """`name` is a 1-D vector broadcast along the last dimension of `of` (a bias)."""
+    def check(s: Site) -> str | None:
+        b, x = s.tensor(name), s.tensor(of)
+        if b.dim() != 1 or b.shape[0] != x.shape[-1]:
+            return f"{name} has shape {tuple(b.shape)}, want [{x.shape[-1]}]"
+        return None
+
+    return Guard(f"last_dim_vector({name}, {of})", check)
+
+
+def ndim(name: str, n: int) -> Guard:
+    def check(s: Site) -> str | None:
+        d = s.tensor(name).dim()
+        return None if d == n else f"{name} has {d} dims, want {n}"
+
+    return Guard(f"ndim({name}=={n})", check)
+
+
+def int8_range(lo: str, hi: str) -> Guard:
+    def check(s: Site) -> str | None:
+        a, b = s.arg(lo), s.arg(hi)
+        return None if -128 <= a <= b <= 127 else f"[{a}, {b}] is not inside [-128, 127]"
+
+    return Guard(f"int8_range({lo}, {hi})", check)
+
+
+# ---- guards every pattern gets --------------------------------------------------------------------
+def _dtype_guard(p: "Pattern") -> Guard:
+    first = next(n for n, k in p.params if k == "tensor")
+
+    def check(s: Site) -> str | None:
+        dt = s.tensor(first).dtype
+        return None if dt in p.dtypes else f"{first} is {dt}; supported: {[str(d) for d in p.dtypes]}"
+
+    return Guard("dtype", check)
+
+
+def _scalar_guard(p: "Pattern") -> Guard:
+    """Tensor slots take tensors; float slots take a number or a 0-dim floating tensor (a Dynamo-
+    tensorified float is one); int slots take an int literal."""
+    def check(s: Site) -> str | None:
+        for n, kind in p.params:
+            if kind == "tensor" and not isinstance(s.arg(n), Tensor):
+                return f"{n} is bound to {_short(s.arg(n))}, not a tensor"
+            v = s.arg(n) if kind in ("float", "int") else None
+            if kind == "float" and not (
+                (isinstance(v, (int, float)) and not isinstance(v, bool))
+                or (isinstance(v, Tensor) and v.dim() == 0 and v.is_floating_point())
+            ):
+                return f"{n} is not a Python number or a 0-dim float tensor ({_short(v)})"
+            if kind == "int" and not (isinstance(v, int) and not isinstance(v, bool)):
+                return f"{n} is not an int literal ({_short(v)})"
+        return None
+
+    return Guard("arguments", check)
+
+
+def _device_guard(p: "Pattern") -> Guard:
+    tensors = [n for n, k in p.params if k == "tensor"]
+
+    def check(s: Site) -> str | None:
+        devs = {s.tensor(n).device for n in tensors}
+        if len(devs) != 1:
+            return f"tensors on several devices: {sorted(map(str, devs))}"
+        dev = devs.pop()
+        if dev.type == "cpu":
+            return None if s.run.options.cpu_reference else \
+                "CPU tensors (fusekit runs CPU references only with options={'cpu_reference': True})"
+        if dev.type == "cuda":
+            return _ext.missing_cuda_kernel(p.op, dev)
+        return f"device {dev.type} is not supported"
+
+    return Guard("device", check)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, Tensor):
+        return f"tensor {tuple(v.shape)} {v.dtype}"
+    return repr(v)
+
+
+@functools.cache
+def all_guards(p: "Pattern") -> tuple[Guard, ...]:
+    return (_scalar_guard(p), _dtype_guard(p), _device_guard(p), *p.guards)
+
+
+def guard_fn(p: "Pattern") -> Callable[[pm.Match], bool]:
+    """The `extra_check` of every entry of `p`: all guards pass, or the first failure is recorded."""
+    def extra_check(match: pm.Match) -> bool:
+        run = active_run()
+        if run is None or p.id not in run.record.enabled:
+            return False
+        anchor = match.output_nodes()[0]
+        site = Site(match, run)
+        for g in all_guards(p):
+            reason = g.check(site)
+            if reason is not None:
+                run.near_miss(p.id, anchor, f"{g.name}: {reason}")
+                return False
+        from .stats import describe
+
+        run.current_site = describe(anchor)
+        return True
+
+    return extra_check
+
+
+class SiteFailure(Exception):
+    """A replacement failed after the graph may have been touched; the pass restores and retries."""
+
+    def __init__(self, pattern: str, node: torch.fx.Node, exc: BaseException) -> None:
+        super().__init__(f"{pattern} at {node.name}: {exc}")
+        self.pattern, self.node, self.exc = pattern, node, exc
+
+
+def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass) -> None:
+    """An exception while checking a site skips that site; one while rewriting aborts the rewrite
+    (the pass then restores the graph). Either way it is recorded, never raised into torch.compile."""
+    for entries in pass_.patterns.values():
+        for e in entries:
+            if getattr(e, "_fusekit_hardened", False):
+                continue
+            check, apply = e.extra_check, e.apply
+
+            def safe_check(match: pm.Match, _check: Any = check) -> bool:
+                try:
+                    return bool(_check(match))
+                except Exception as exc:  # noqa: BLE001 - any failure here only skips the site
+                    run = active_run()
+                    if run is not None:
+                        run.error(p.id, match.output_nodes()[0], exc)
+                    return False
+
+            def safe_apply(match: pm.Match, graph: Any, node: Any, _apply: Any = apply) -> None:
+                try:
+                    _apply(match, graph, node)
+                except Exception as exc:  # noqa: BLE001
+                    raise SiteFailure(p.id, node, exc) from exc
+                run = active_run()
+                if run is not None:
+                    run.record.sites[p.id] += 1
+                    run.record.nodes_replaced[p.id] += len(match.nodes)
+                    run.record.fused_sites.append((p.id, run.current_site))
+
+            e.extra_check, e.apply, e._fusekit_hardened = safe_check, safe_apply, True

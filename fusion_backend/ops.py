@@ -1,0 +1,126 @@
+"""fusekit's op surface: every ``torch.ops.fusekit.*`` schema, its fake (the shape contract), and the
+typed Python wrappers.
+
+Schemas and fakes live here, in Python, so the pattern engine can trace replacements and CPU CI can run
+everything with no extension. The CPU kernel of each op is the unfused reference function of the
+pattern(s) that use it (registered by ``registry.register_cpu_references``); the CUDA kernel is bound
+from ``csrc/<op>.cu`` with ``TORCH_LIBRARY_IMPL(fusekit, CUDA, m)`` when the extension is built.
+
+NOTE (tensor scalars): a float parameter ``s`` comes with a keyword-only companion ``Tensor? s_t``. After
+a recompile Dynamo turns a Python float into a 0-dim tensor graph input; the replacement then passes
+that tensor as ``s_t`` (and ``s`` is ignored). A 0-dim tensor the user passed is handled the same way.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LIB = torch.library.Library("fusekit", "DEF")
+# Inductor hands the op contiguous inputs (it copies if needed); the pattern guards keep it from
+# firing where that copy would cost more than the fusion saves.
+_TAGS = (torch.Tag.needs_contiguous_strides,)
+
+SCHEMAS = {
+    # elementwise
+    "add_mul_exp": "add_mul_exp(Tensor x, Tensor y, float c, *, Tensor? c_t=None) -> Tensor",
+    "mul_add": "mul_add(Tensor q, Tensor k, Tensor v) -> Tensor",
+    "gelu": "gelu(Tensor x, str approximate) -> Tensor",
+    "bias_gelu": "bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor",
+    "silu_mul": "silu_mul(Tensor g, Tensor u) -> Tensor",
+    # quantize
+    "quant_i8": (
+        "quant_i8(Tensor x, float scale, float zp, int qmin, int qmax, *, "
+        "Tensor? scale_t=None, Tensor? zp_t=None) -> Tensor"
+    ),
+    # batched matmul
+    "bmm_scale_bias_gelu": (
+        "bmm_scale_bias_gelu(Tensor a, Tensor b, float scale, Tensor bias, str approximate, *, "
+        "Tensor? scale_t=None) -> Tensor"
+    ),
+    # verification (options={"verify": True}): returns copies of `outs` after checking them once
+    "verify": (
+        "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
+    ),
+}
+for _schema in SCHEMAS.values():
+    LIB.define(_schema, tags=_TAGS)
+
+
+def _same(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _broadcast(*ts: Tensor) -> Tensor:
+    shape = torch.broadcast_shapes(*(t.shape for t in ts))
+    return ts[0].new_empty(shape)
+
+
+# ---- fakes: the shape and dtype contract of each op ------------------------------------------------
+@torch.library.register_fake("fusekit::add_mul_exp")
+def _(x, y, c, *, c_t=None):
+    torch._check(x.dtype == y.dtype, lambda: f"add_mul_exp: dtypes differ ({x.dtype}, {y.dtype})")
+    return _broadcast(x, y)
+
+
+@torch.library.register_fake("fusekit::mul_add")
+def _(q, k, v):
+    torch._check(q.dtype == k.dtype == v.dtype, lambda: "mul_add: q, k, v must share a dtype")
+    return _broadcast(q, k, v)
+
+
+@torch.library.register_fake("fusekit::gelu")
+def _(x, approximate):
+    return _same(x)
+
+
+@torch.library.register_fake("fusekit::bias_gelu")
+def _(x, bias, approximate):
+    torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
+                 lambda: f"bias_gelu: bias {tuple(bias.shape)} must be [x.shape[-1]={x.shape[-1]}]")
+    return _same(x)
+
+
+@torch.library.register_fake("fusekit::silu_mul")
+def _(g, u):
+    torch._check(g.shape == u.shape, lambda: "silu_mul: g and u must have one shape")
+    return _same(g)
+
+
+@torch.library.register_fake("fusekit::quant_i8")
+def _(x, scale, zp, qmin, qmax, *, scale_t=None, zp_t=None):
+    torch._check(-128 <= qmin <= qmax <= 127, lambda: f"quant_i8: need -128 <= qmin <= qmax <= 127")
+    return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusekit::bmm_scale_bias_gelu")
+def _(a, b, scale, bias, approximate, *, scale_t=None):
+    torch._check(a.dim() == 3 and b.dim() == 3 and a.shape[2] == b.shape[1],
+                 lambda: f"bmm_scale_bias_gelu: bad shapes {tuple(a.shape)} @ {tuple(b.shape)}")
+    return a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+
+
+@torch.library.register_fake("fusekit::verify")
+def _(outs, tensors, floats, pattern, site):
+    return [torch.empty_like(o) for o in outs]
+
+
+# ---- typed wrappers ----------------------------------------------------------------------------
+def add_mul_exp(x: Tensor, y: Tensor, c: float | Tensor) -> Tensor:
+    """``exp((x + y) * c)`` in one pass. Returns a tensor of x's dtype."""
+    if isinstance(c, Tensor):
+        return torch.ops.fusekit.add_mul_exp(x, y, 0.0, c_t=c)
+    return torch.ops.fusekit.add_mul_exp(x, y, float(c))
+
+
+def mul_add(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``q * k + v`` in one pass."""
+    return torch.ops.fusekit.mul_add(q, k, v)
+
+
+def quant_i8(x: Tensor, scale: float, zp: float = 0.0, qmin: int = -128, qmax: int = 127) -> Tensor:
+    """Static per-tensor INT8: ``clamp(round(x / scale + zp), qmin, qmax).to(int8)``, rounding half to
+    even exactly as eager PyTorch does."""
+    return torch.ops.fusekit.quant_i8(x, float(scale), float(zp), int(qmin), int(qmax))
+
+
+__all__ = ["SCHEMAS", "add_mul_exp", "mul_add", "quant_i8"]

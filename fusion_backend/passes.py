@@ -1,0 +1,148 @@
+"""The fusekit pass: Inductor's ``post_grad_custom_post_pass``.
+
+It runs the enabled patterns over the post-grad ATen graph, then the user's own post pass (never
+replaced). Anything it does not rewrite is Inductor's. Its ``uuid()`` covers the pattern tables, the
+engine and op sources, the kernel sources, the options and the user's pass, so a changed pattern can
+never replay a stale FX-graph or AOTAutograd cache entry.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import pathlib
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.pattern_matcher import is_match
+
+from . import _ext, registry
+from .guards import SiteFailure
+from .stats import PassRun, describe, new_record, publish, running
+
+log = logging.getLogger("fusion_backend")
+_PKG = pathlib.Path(__file__).resolve().parent
+
+
+@dataclasses.dataclass(frozen=True)
+class FusekitOptions:
+    patterns: tuple[str, ...]        # enabled pattern ids, in table order
+    cpu_reference: bool = False
+    verify: bool = False
+
+
+def source_files() -> tuple[str, ...]:
+    from . import patterns
+
+    pat_dir = pathlib.Path(patterns.__file__).resolve().parent
+    return tuple(str(p) for p in sorted([*_PKG.glob("*.py"), *pat_dir.glob("*.py")]))
+
+
+class FusekitPass(CustomGraphPass):
+    def __init__(self, options: FusekitOptions, user_pass: Any = None) -> None:
+        self.options, self.user_pass = options, user_pass
+
+    def uuid(self) -> str | None:
+        if self.user_pass is not None and not hasattr(self.user_pass, "uuid"):
+            return None  # a user pass with no uuid makes Inductor bypass its caches; keep that
+        h = hashlib.sha256(get_hash_for_files(source_files()))
+        user_uuid = self.user_pass.uuid() if self.user_pass is not None else None
+        h.update(json.dumps({"opts": dataclasses.asdict(self.options), "ext": _ext.build_id(),
+                             "user": user_uuid, "torch": torch.__version__}).encode())
+        return h.hexdigest()
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        record = new_record(self.options.patterns)
+        record.nodes_before = _count(graph)
+        try:
+            self._rewrite(graph, record)
+        except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
+            record.errors.append(registry_error("<pass>", exc))
+        record.left_to_inductor = sum(1 for n in graph.nodes if n.op == "call_function"
+                                      and not _is_fusekit(n) and n.target is not _getitem)
+        record.graph_code = str(graph)
+        publish(record)
+        _log_record(record)
+        if self.user_pass is not None:
+            self.user_pass(graph)
+
+    def _rewrite(self, graph: torch.fx.Graph, record: Any) -> None:
+        skip: set[str] = set()
+        while True:  # a failed rewrite restores the graph and retries without that pattern
+            backup = _snapshot(graph)
+            run = PassRun(self.options, record)
+            try:
+                with running(run):
+                    for pid in self.options.patterns:
+                        if pid not in skip:
+                            registry.compiled(pid).pass_.apply(graph)
+                    _explain_misses(graph, run, skip)
+                return
+            except SiteFailure as f:
+                _restore(graph, backup)
+                record.sites.clear()
+                record.nodes_replaced.clear()
+                record.fused_sites.clear()
+                record.near_misses.clear()
+                record.errors.append(registry_error(f.pattern, f.exc, describe(f.node)))
+                skip.add(f.pattern)
+
+
+def registry_error(pattern: str, exc: BaseException, site: str = "<graph>") -> Any:
+    from .stats import NearMiss
+
+    return NearMiss(pattern, site, f"{type(exc).__name__}: {exc}")
+
+
+def _explain_misses(graph: torch.fx.Graph, run: PassRun, skip: set[str]) -> None:
+    """Sites that match a pattern's shape but were not rewritten because an intermediate value has
+    another user (guard failures were recorded when the guard ran)."""
+    for pid in run.options.patterns:
+        if pid in skip:
+            continue
+        for expr in registry.compiled(pid).relaxed:
+            for node in [n for n in graph.nodes if n.op == "call_function" and n.target in expr.fns]:
+                m = expr.match(node)
+                if not is_match(m):
+                    continue
+                inside = set(m.nodes)
+                shared = [n for n in m.nodes if n is not node and any(u not in inside for u in n.users)]
+                if shared:
+                    names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
+                    run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
+
+
+_getitem = __import__("operator").getitem
+
+
+def _is_fusekit(n: torch.fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "fusekit"
+
+
+def _count(graph: torch.fx.Graph) -> int:
+    return sum(1 for n in graph.nodes if n.op == "call_function")
+
+
+def _snapshot(graph: torch.fx.Graph) -> torch.fx.Graph:
+    g = torch.fx.Graph(owning_module=graph.owning_module)
+    g.graph_copy(graph, {}, return_output_node=True)
+    return g
+
+
+def _restore(graph: torch.fx.Graph, backup: torch.fx.Graph) -> None:
+    for n in reversed(list(graph.nodes)):  # users before producers
+        graph.erase_node(n)
+    graph.graph_copy(backup, {}, return_output_node=True)
+
+
+def _log_record(r: Any) -> None:
+    fused = sum(r.sites.values())
+    log.info("fusekit graph %d: %d sites fused (%s), %d near misses, %d errors, %d/%d nodes left "
+             "to Inductor", r.graph_id, fused, dict(r.sites), len(r.near_misses), len(r.errors),
+             r.left_to_inductor, r.nodes_before)
+    for m in r.near_misses:
+        log.debug("fusekit near miss: %s at %s: %s", m.pattern, m.site, m.reason)
+    for e in r.errors:
+        log.warning("fusekit skipped %s at %s: %s", e.pattern, e.site, e.reason)

@@ -1,0 +1,322 @@
+"""Pattern declarations -> Inductor pattern-matcher entries.
+
+A ``Pattern`` is data: its unfused ``reference`` is the search pattern (traced per dtype through
+Inductor's own decompositions), the op's CPU kernel, the test oracle and the benchmark baseline. This
+module turns each one into ``register_replacement`` entries, one ``PatternMatcherPass`` per pattern so
+that the enabled set can change per compile and matches are counted per pattern.
+
+Matching is exact on literals (``ignore_types=()``), and every commuted order of ``add``/``mul`` operands
+is registered, so ``v + q * k`` matches ``q * k + v``. A float parameter is bound to whatever feeds that
+operand: a Python number, or a 0-dim floating tensor (the user's, or Dynamo's tensorified float); the
+scalar guard rejects anything else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import itertools
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+from torch._inductor import pattern_matcher as pm
+
+from . import guards as G
+from .stats import active_run
+
+aten = torch.ops.aten
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# Tolerance against the same-dtype eager reference: (atol, rtol). Used by options={"verify": True}.
+DEFAULT_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+EXACT = {dt: (0.0, 0.0) for dt in FLOATS}
+_COMMUTATIVE = {aten.add.Tensor, aten.mul.Tensor}
+
+
+def rand(shape: Sequence[int], dtype: torch.dtype, device: Any, scale: float = 1.0) -> Tensor:
+    """Fresh random normal data (never zeros: they hide unwritten outputs)."""
+    return (torch.randn(tuple(shape), device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # identity hash: tables hold dicts
+class Pattern:
+    """One fusion rule. See patterns/*.py for the tables and README "Adding a pattern"."""
+
+    id: str                                   # "<family>.<what>"
+    reference: Callable[..., Any]             # unfused eager code; its signature is the op's signature
+    op: str                                   # name of torch.ops.fusekit.<op>
+    inputs: Callable[[tuple, torch.dtype, Any], tuple]  # (case, dtype, device) -> tensor arguments
+    doc: str = ""                             # what it fuses; where it was seen
+    dtypes: tuple[torch.dtype, ...] = FLOATS  # dtype of the first tensor argument
+    guards: tuple[G.Guard, ...] = ()          # shape/stride/contiguity guards beyond dtype/device/scalars
+    static: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # non-tensor params fixed per rule
+    # Other eager spellings of the same computation (same parameters, static ones omitted). Each is
+    # registered as a search pattern too (duplicates of the reference's are skipped) and tested.
+    variants: tuple[Callable[..., Any], ...] = ()
+    cases: tuple[tuple, ...] = ((4, 33), (2, 3, 64))  # test shapes, interpreted by `inputs`
+    trace_case: tuple = (2, 8)                # tiny shape used to trace the search pattern
+    bad_layout: Callable[..., tuple] | None = None  # (dtype, device) -> inputs a layout guard rejects
+    tol: Mapping[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=lambda: DEFAULT_TOL)
+
+    @property
+    def family(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    @functools.cached_property
+    def params(self) -> list[tuple[str, str]]:
+        """(name, kind) for each reference parameter; kind in tensor/float/int/static."""
+        out = []
+        for name, p in inspect.signature(self.reference).parameters.items():
+            ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+            if name in self.static:
+                kind = "static"
+            elif "Tensor" in ann:
+                kind = "tensor"
+            elif ann in ("float", "int"):
+                kind = ann
+            else:
+                raise TypeError(f"{self.id}: parameter {name!r} needs a Tensor/float/int annotation "
+                                f"or a value in static=")
+            out.append((name, kind))
+        return out
+
+    @property
+    def arg_names(self) -> list[str]:
+        """Parameters bound by the match (everything but static)."""
+        return [n for n, k in self.params if k != "static"]
+
+    @property
+    def scalar_defaults(self) -> dict[str, float | int]:
+        sig = inspect.signature(self.reference).parameters
+        return {n: sig[n].default for n, k in self.params if k in ("float", "int")}
+
+    def make_args(self, case: tuple, dtype: torch.dtype, device: Any) -> tuple:
+        """Arguments for the search function: tensors from `inputs`, scalars at their defaults."""
+        tensors = iter(self.inputs(case, dtype, device))
+        defaults = self.scalar_defaults
+        return tuple(next(tensors) if k == "tensor" else defaults[n]
+                     for n, k in self.params if k != "static")
+
+    def search_fn(self) -> Callable[..., Any]:
+        return _with_signature(lambda *a: self.reference(**dict(zip(self.arg_names, a)), **self.static),
+                               self.arg_names)
+
+    def eager(self, *args: Any) -> Any:
+        """The reference evaluated on matched arguments (static params filled in)."""
+        return self.reference(**dict(zip(self.arg_names, args)), **self.static)
+
+
+def _with_signature(fn: Callable[..., Any], names: Sequence[str]) -> Callable[..., Any]:
+    P = inspect.Parameter
+    fn.__signature__ = inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in names])
+    return fn
+
+
+def op_overload(name: str) -> torch._ops.OpOverload:
+    return getattr(torch.ops.fusekit, name).default
+
+
+def call_op(pattern: Pattern, args: Sequence[Any]) -> Any:
+    """Call the pattern's op on matched arguments; a tensor in a float slot goes to its `_t` companion."""
+    bound = dict(zip(pattern.arg_names, args)) | dict(pattern.static)
+    call_args, call_kwargs = [], {}
+    for name, kind in pattern.params:
+        v = bound[name]
+        if kind == "float" and isinstance(v, Tensor):
+            call_kwargs[f"{name}_t"], v = v, 0.0
+        call_args.append(v)
+    return op_overload(pattern.op)(*call_args, **call_kwargs)
+
+
+def _replacement_fn(pattern: Pattern) -> Callable[..., Any]:
+    def replace(*args: Any) -> Any:
+        out = call_op(pattern, args)
+        run = active_run()
+        if run is not None and run.options.verify:
+            out = _verified(pattern, args, out, run.current_site)
+        return out
+
+    return _with_signature(replace, pattern.arg_names)
+
+
+def _verified(pattern: Pattern, args: Sequence[Any], out: Any, site: str) -> Any:
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    tensors = [a if isinstance(a, Tensor) else None for a in args]
+    floats = [0.0 if isinstance(a, Tensor) else float(a) for a in args]
+    checked = torch.ops.fusekit.verify(outs, tensors, floats, pattern.id, site)
+    return tuple(checked) if isinstance(out, (tuple, list)) else checked[0]
+
+
+# ---- search-pattern construction ----------------------------------------------------------------
+def _dummy_scalars(pattern: Pattern) -> dict[str, float | int]:
+    """Distinctive stand-ins so each scalar shows up as its own literal in the traced graph."""
+    out: dict[str, float | int] = {}
+    for i, (name, kind) in enumerate(pattern.params):
+        if kind == "float":
+            out[name] = 0.2718 + 0.0137 * i
+        elif kind == "int":
+            out[name] = -77 + i
+    return out
+
+
+def _commuted(expr: Any) -> list[Any]:
+    """Every variant of `expr` with operands of commutative aten ops swapped."""
+    if not isinstance(expr, pm.CallFunction):
+        return [expr]
+    arg_variants = [_commuted(a) for a in expr.args]
+    swappable = (len(expr.args) == 2 and set(expr.fns) & _COMMUTATIVE
+                 and all(isinstance(a, pm.PatternExpr) for a in expr.args))
+    out = []
+    for args in itertools.product(*arg_variants):
+        orders = [args, args[::-1]] if swappable else [args]
+        out += [pm.CallFunction(expr.fns, *o, _users=expr.users, **expr.kwargs) for o in orders]
+    return out
+
+
+def _relaxed(expr: Any) -> Any:
+    """`expr` with the one-user constraint dropped, to explain sites where an intermediate is reused."""
+    if not isinstance(expr, pm.CallFunction):
+        return expr
+    return pm.CallFunction(expr.fns, *[_relaxed(a) for a in expr.args], _users=pm.MULTIPLE,
+                           **expr.kwargs)
+
+
+def _keyword_names(expr: Any) -> set[str]:
+    if isinstance(expr, pm.KeywordArg):
+        return {expr.name}
+    if isinstance(expr, pm.CallFunction):
+        return set().union(*[_keyword_names(a) for a in (*expr.args, *expr.kwargs.values())])
+    return set()
+
+
+def trace_search_pattern(pattern: Pattern, dtype: torch.dtype, device: Any,
+                         fn: Callable[..., Any] | None = None) -> Any:
+    """The exact PatternExpr of `fn` (default: the reference), traced like Inductor's own graphs."""
+    dummies = _dummy_scalars(pattern)
+    tensors = iter(pattern.inputs(pattern.trace_case, dtype, device))
+    args = [next(tensors) if k == "tensor" else dummies[n] for n, k in pattern.params if k != "static"]
+    gm = pm.fwd_only(fn or pattern.search_fn(), args)
+    expr = pm.fx_to_pattern(gm, argnames=pattern.arg_names, scalar_workaround=dummies)
+    missing = set(pattern.arg_names) - _keyword_names(expr)
+    if missing:  # a decomposition folded the scalar into another constant; the rule could not bind it
+        raise ValueError(f"{pattern.id} ({dtype}): parameters {sorted(missing)} vanish from the traced "
+                         f"graph; use a different dummy or restructure the reference")
+    return expr
+
+
+@dataclasses.dataclass
+class Compiled:
+    """A pattern's registered form: its matcher pass and the (relaxed) search expressions."""
+
+    pattern: Pattern
+    pass_: pm.PatternMatcherPass
+    exprs: list[Any]
+
+    @functools.cached_property
+    def relaxed(self) -> list[Any]:
+        seen, out = set(), []
+        for e in self.exprs:
+            r = _relaxed(e)
+            key = pm.PatternPrettyPrinter.run(r)
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+        return out
+
+
+def _trace_devices() -> list[str]:
+    # Decompositions can differ by device; register what each device produces (duplicates are skipped).
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def compile_pattern(pattern: Pattern) -> Compiled:
+    pass_ = pm.PatternMatcherPass(pass_name=f"fusekit:{pattern.id}")
+    guard_fn = G.guard_fn(pattern)
+    replace = _replacement_fn(pattern)
+    search = pattern.search_fn()
+    dummies = _dummy_scalars(pattern)
+    exprs, seen = [], set()
+    spellings = (None, *pattern.variants)
+    for dtype, device, fn in itertools.product(pattern.dtypes, _trace_devices(), spellings):
+        tensors = list(pattern.inputs(pattern.trace_case, dtype, device))
+        for expr in _commuted(trace_search_pattern(pattern, dtype, device, fn)):
+            key = pm.PatternPrettyPrinter.run(expr)
+            if key in seen:
+                continue
+            seen.add(key)
+            exprs.append(expr)
+            pm.register_replacement(search, replace, tensors, pm.fwd_only, [pass_],
+                                    extra_check=guard_fn, scalar_workaround=dummies,
+                                    search_fn_pattern=expr, skip_duplicates=True)
+    G.harden_entries(pattern, pass_)
+    return Compiled(pattern, pass_, exprs)
+
+
+@functools.cache
+def all_patterns() -> tuple[Pattern, ...]:
+    from .patterns import PATTERNS
+
+    ids = [p.id for p in PATTERNS]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ValueError(f"duplicate pattern ids: {sorted(dup)}")
+    register_cpu_references(PATTERNS)
+    return tuple(PATTERNS)
+
+
+def by_id(pattern_id: str) -> Pattern:
+    for p in all_patterns():
+        if p.id == pattern_id:
+            return p
+    raise KeyError(pattern_id)
+
+
+@functools.cache
+def compiled(pattern_id: str) -> Compiled:
+    """Trace and register one pattern, once per process."""
+    return compile_pattern(by_id(pattern_id))
+
+
+def select(patterns: Sequence[str] | None, disable: Sequence[str] = ()) -> tuple[str, ...]:
+    """Resolve `options["patterns"]`/`["disable"]` (ids or family names) to pattern ids, in table order."""
+    every = [p.id for p in all_patterns()]
+
+    def expand(names: Sequence[str], what: str) -> set[str]:
+        out = set()
+        for n in names:
+            hit = [i for i in every if i == n or i.split(".", 1)[0] == n]
+            if not hit:
+                raise ValueError(f"fusekit: unknown pattern or family {n!r} in options[{what!r}]; "
+                                 f"known: {every}")
+            out.update(hit)
+        return out
+
+    chosen = set(every) if patterns is None else expand(patterns, "patterns")
+    chosen -= expand(disable, "disable")
+    return tuple(i for i in every if i in chosen)
+
+
+def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
+    float_names = [n for n, k in pattern.params if k == "float"]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        names = [n for n, _ in pattern.params]
+        for n in float_names:  # a `_t` companion replaces its float
+            t = kwargs.pop(f"{n}_t", None)
+            if t is not None:
+                args[names.index(n)] = t
+        out = pattern.reference(*args, **kwargs)
+        return out.contiguous() if isinstance(out, Tensor) else tuple(o.contiguous() for o in out)
+
+    return kernel
+
+
+def register_cpu_references(patterns: Sequence[Pattern]) -> None:
+    """The CPU kernel of each op is its patterns' shared reference function (registered once)."""
+    first: dict[str, Pattern] = {}
+    for p in patterns:
+        if first.setdefault(p.op, p).reference is not p.reference:
+            raise ValueError(f"op fusekit::{p.op}: patterns must share one reference function")
+    for op, p in first.items():
+        torch.library.impl(f"fusekit::{op}", "CPU")(_cpu_kernel(p))

@@ -1,0 +1,116 @@
+"""``explain``: compile with fusekit and report, per pattern, what fused, what nearly did and why."""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from . import stats
+
+log = logging.getLogger("fusion_backend")
+
+
+@dataclasses.dataclass
+class Report:
+    graphs: list[stats.GraphRecord]
+    output: Any = None  # what the compiled call returned (explain only)
+
+    @property
+    def sites(self) -> collections.Counter:
+        return sum((g.sites for g in self.graphs), collections.Counter())
+
+    @property
+    def nodes_replaced(self) -> collections.Counter:
+        return sum((g.nodes_replaced for g in self.graphs), collections.Counter())
+
+    @property
+    def near_misses(self) -> list[stats.NearMiss]:
+        return [m for g in self.graphs for m in g.near_misses]
+
+    @property
+    def errors(self) -> list[stats.NearMiss]:
+        return [e for g in self.graphs for e in g.errors]
+
+    @property
+    def total_sites(self) -> int:
+        return sum(self.sites.values())
+
+    @property
+    def left_to_inductor(self) -> int:
+        return sum(g.left_to_inductor for g in self.graphs)
+
+    def rows(self) -> list[dict[str, Any]]:
+        ids: list[str] = []
+        for g in self.graphs:
+            ids += [i for i in g.enabled if i not in ids]
+        miss = collections.Counter(m.pattern for m in self.near_misses)
+        err = collections.Counter(e.pattern for e in self.errors)
+        return [{"pattern": i, "sites": self.sites[i], "nodes_replaced": self.nodes_replaced[i],
+                 "near_misses": miss[i], "errors": err[i]} for i in ids]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graphs": len(self.graphs), "sites": self.total_sites,
+            "nodes_before": sum(g.nodes_before for g in self.graphs),
+            "left_to_inductor": self.left_to_inductor, "patterns": self.rows(),
+            "near_misses": [dataclasses.asdict(m) for m in self.near_misses],
+            "errors": [dataclasses.asdict(e) for e in self.errors],
+        }
+
+    def __str__(self) -> str:
+        before = sum(g.nodes_before for g in self.graphs)
+        lines = [f"fusekit: {len(self.graphs)} graph(s), {self.total_sites} site(s) fused, "
+                 f"{sum(self.nodes_replaced.values())} of {before} ATen nodes replaced, "
+                 f"{self.left_to_inductor} nodes left to Inductor"]
+        rows = [r for r in self.rows() if r["sites"] or r["near_misses"] or r["errors"]]
+        if rows:
+            w = max(len("pattern"), *(len(r["pattern"]) for r in rows))
+            lines.append(f"{'pattern':<{w}}  {'sites':>5}  {'nodes replaced':>14}  "
+                         f"{'near misses':>11}  {'errors':>6}")
+            lines += [f"{r['pattern']:<{w}}  {r['sites']:>5}  {r['nodes_replaced']:>14}  "
+                      f"{r['near_misses']:>11}  {r['errors']:>6}" for r in rows]
+        else:
+            lines.append("(no pattern matched or nearly matched)")
+        for title, items in (("near misses", self.near_misses), ("errors (site skipped)", self.errors)):
+            if items:
+                lines.append(f"{title}:")
+                lines += [f"  {m.pattern} at {m.site}: {m.reason}" for m in items]
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _fresh_compile() -> Iterator[None]:
+    """explain must see the pass run: no FX-graph or AOTAutograd cache hits, no Dynamo cache."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+def explain(model_or_fn: Any, *args: Any, options: dict[str, Any] | None = None,
+            mode: str | None = None, **kwargs: Any) -> Report:
+    """Compile `model_or_fn` with fusekit, call it once on `args`/`kwargs`, and return the report.
+
+    `options` and `mode` are the backend's (see README). Resets Dynamo's cache before and after."""
+    from .backend import backend
+
+    with _fresh_compile(), stats.collect() as records:
+        compiled = torch.compile(model_or_fn, backend=backend(mode=mode, options=options))
+        out = compiled(*args, **kwargs)
+    rep = Report(list(records), out)
+    log.info("%s", rep)
+    return rep
+
+
+def report(last: int | None = None) -> Report:
+    """The records of the graphs fusekit compiled in this process (the most recent `last`)."""
+    hist: Sequence[stats.GraphRecord] = list(stats.HISTORY)
+    return Report(list(hist[-last:] if last else hist))

@@ -1,0 +1,107 @@
+"""What the fusekit pass did to each graph: sites fused, nodes replaced, near misses, errors.
+
+The pass publishes one ``GraphRecord`` per graph it sees. ``explain`` collects them for one compile;
+``fusion_backend.report()`` shows the recent history of this process.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import re
+from typing import Any, Iterator
+
+import torch
+
+
+@dataclasses.dataclass
+class NearMiss:
+    pattern: str
+    site: str
+    reason: str
+
+
+@dataclasses.dataclass
+class GraphRecord:
+    graph_id: int
+    enabled: tuple[str, ...]
+    nodes_before: int = 0
+    left_to_inductor: int = 0           # call_function nodes after the pass that fusekit did not emit
+    sites: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    nodes_replaced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
+    errors: list[NearMiss] = dataclasses.field(default_factory=list)
+    fused_sites: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (pattern, site)
+    graph_code: str = ""                # the graph after fusekit's pass, for tests and debugging
+
+
+@dataclasses.dataclass
+class PassRun:
+    """State of one pass over one graph; guards and replacements read it through `active_run()`."""
+
+    options: Any
+    record: GraphRecord
+    current_site: str = ""
+    _missed: set = dataclasses.field(default_factory=set)
+
+    def near_miss(self, pattern: str, node: torch.fx.Node, reason: str) -> None:
+        if (pattern, node.name) not in self._missed:
+            self._missed.add((pattern, node.name))
+            self.record.near_misses.append(NearMiss(pattern, describe(node), reason))
+
+    def error(self, pattern: str, node: torch.fx.Node | None, exc: BaseException) -> None:
+        site = describe(node) if node is not None else "<graph>"
+        self.record.errors.append(NearMiss(pattern, site, f"{type(exc).__name__}: {exc}"))
+
+
+_ACTIVE: contextvars.ContextVar[PassRun | None] = contextvars.ContextVar("fusekit_run", default=None)
+_COLLECTORS: list[list[GraphRecord]] = []
+HISTORY: collections.deque[GraphRecord] = collections.deque(maxlen=64)
+_graph_ids = iter(range(1, 1 << 62))
+
+
+def active_run() -> PassRun | None:
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def running(run: PassRun) -> Iterator[PassRun]:
+    token = _ACTIVE.set(run)
+    try:
+        yield run
+    finally:
+        _ACTIVE.reset(token)
+
+
+def new_record(enabled: tuple[str, ...]) -> GraphRecord:
+    return GraphRecord(next(_graph_ids), enabled)
+
+
+def publish(record: GraphRecord) -> None:
+    HISTORY.append(record)
+    for c in _COLLECTORS:
+        c.append(record)
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[list[GraphRecord]]:
+    """Gather the records of every graph compiled inside the block."""
+    records: list[GraphRecord] = []
+    _COLLECTORS.append(records)
+    try:
+        yield records
+    finally:
+        _COLLECTORS.remove(records)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def describe(node: torch.fx.Node) -> str:
+    """`node (file.py:LINE in fn)`: where in the user's code a graph node came from."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return node.name
+    path, line, fn = frames[-1]
+    return f"{node.name} ({path.rsplit('/', 1)[-1]}:{line} in {fn})"

@@ -1,0 +1,102 @@
+"""Elementwise chains -> one pass over memory.
+
+Each chain that eager runs as several kernels (one HBM round trip per op) becomes one fused op. Inductor
+already fuses plain chains itself, so on CUDA these fire only where fusekit's kernel is at least as fast
+(see benchmarks/); on CPU they run their reference with options={"cpu_reference": True}.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusion_backend import guards as G
+from fusion_backend.registry import Pattern, rand
+
+
+def add_mul_exp_ref(x: Tensor, y: Tensor, c: float = 2.0) -> Tensor:
+    return torch.exp((x + y) * c)
+
+
+def mul_add_ref(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return q * k + v
+
+
+def gelu_ref(x: Tensor, approximate: str = "none") -> Tensor:
+    return F.gelu(x, approximate=approximate)
+
+
+def bias_gelu_ref(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
+    return F.gelu(x + bias, approximate=approximate)
+
+
+def silu_mul_ref(g: Tensor, u: Tensor) -> Tensor:
+    return F.silu(g) * u
+
+
+def _like(n: int, scale: float = 1.0):
+    return lambda case, dt, dev: tuple(rand(case, dt, dev, scale) for _ in range(n))
+
+
+def _x_and_bias(case, dt, dev):
+    return rand(case, dt, dev), rand(case[-1:], dt, dev)
+
+
+def _transposed(n: int):
+    """Inputs that fail the contiguity guard: the first tensor is a transposed view."""
+    def make(dt, dev):
+        first = rand((16, 8), dt, dev).t()
+        return (first, *(rand((8, 16), dt, dev) for _ in range(n - 1)))
+    return make
+
+
+PATTERNS = [
+    Pattern(
+        "elementwise.add_mul_exp",  # exp((x + y) * c): 3 kernels -> 1 (the user's kernel-fusion project)
+        reference=add_mul_exp_ref, op="add_mul_exp", inputs=_like(2, 0.5),
+        guards=(G.same_shape("x", "y"), G.same_dtype("x", "y"), G.contiguous("x", "y")),
+        variants=(lambda x, y, c: (y + x).mul(c).exp(),
+                  lambda x, y, c: torch.exp(c * torch.add(x, y))),
+        bad_layout=_transposed(2),
+    ),
+    Pattern(
+        "elementwise.mul_add",  # q * k + v: 2 kernels -> 1 (the user's C++-extension project)
+        reference=mul_add_ref, op="mul_add", inputs=_like(3),
+        guards=(G.same_shape("q", "k", "v"), G.same_dtype("q", "k", "v"), G.contiguous("q", "k", "v")),
+        variants=(lambda q, k, v: v + k * q, lambda q, k, v: torch.add(v, torch.mul(q, k)),
+                  lambda q, k, v: q.mul(k).add(v)),
+        bad_layout=_transposed(3),
+    ),
+    Pattern(
+        "elementwise.bias_gelu_erf",  # gelu(x + b): the MLP up-projection epilogue (BERT; CUDA mm + add)
+        reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "none"}, inputs=_x_and_bias,
+        guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
+        variants=(lambda x, b: F.gelu(b + x),),
+        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(), rand((16,), dt, dev)),
+    ),
+    Pattern(
+        "elementwise.bias_gelu_tanh",  # gelu_tanh(x + b): GPT-2's MLP epilogue on CUDA (mm + add)
+        reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "tanh"}, inputs=_x_and_bias,
+        guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
+        variants=(lambda x, b: F.gelu(b + x, approximate="tanh"),),
+        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(), rand((16,), dt, dev)),
+    ),
+    Pattern(
+        "elementwise.gelu_erf",  # gelu(x), erf form: BERT's MLP after addmm (bias already in the GEMM)
+        reference=gelu_ref, op="gelu", static={"approximate": "none"}, inputs=_like(1),
+        guards=(G.contiguous("x"),), bad_layout=_transposed(1),
+    ),
+    Pattern(
+        "elementwise.gelu_tanh",  # gelu(x, approximate="tanh"): GPT-2's gelu_new after addmm
+        reference=gelu_ref, op="gelu", static={"approximate": "tanh"}, inputs=_like(1),
+        guards=(G.contiguous("x"),), bad_layout=_transposed(1),
+        variants=(lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))),),
+    ),
+    Pattern(
+        "elementwise.silu_mul",  # silu(g) * u: SwiGLU in Llama-style MLPs
+        reference=silu_mul_ref, op="silu_mul", inputs=_like(2),
+        guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
+        variants=(lambda g, u: u * F.silu(g), lambda g, u: g * torch.sigmoid(g) * u),
+        bad_layout=_transposed(2),
+    ),
+]
