@@ -21,9 +21,9 @@ import time
 import torch
 
 NAME = "fusekit_cuda"
-CXX_FLAGS = ["-O3", "-std=c++17"]
+CXX_FLAGS = ["-O3"]  # the C++ standard is torch's choice (2.14 needs C++20)
 # No --use_fast_math: quantize kernels must round exactly as eager PyTorch does.
-CUDA_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+CUDA_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 _LOCK = threading.Lock()
 
 

@@ -48,9 +48,9 @@ def split_options(mode: str | None, options: Mapping[str, Any] | None):
     patches: dict[str, Any] = {}
     if mode not in (None, "default"):
         try:
-            patches.update(list_mode_options(mode))
+            patches.update(list_mode_options(mode))  # Inductor's own table and its error
         except KeyError:
-            raise ValueError(f"fusekit: unrecognized mode={mode!r}") from None
+            raise RuntimeError(f"Unrecognized mode={mode}") from None
     patches.update(opts)  # everything else is Inductor's, unchanged
     return fk, patches
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 class Guard:
     name: str
     check: Callable[["Site"], str | None]
+    quiet: bool = False  # a structural mismatch (not this pattern at all): not reported as a near miss
 
 
 class Site:
@@ -124,7 +125,7 @@ def _scalar_guard(p: "Pattern") -> Guard:
                 return f"{n} is not an int literal ({_short(v)})"
         return None
 
-    return Guard("arguments", check)
+    return Guard("arguments", check, quiet=True)
 
 
 def _device_guard(p: "Pattern") -> Guard:
@@ -167,11 +168,12 @@ def guard_fn(p: "Pattern") -> Callable[[pm.Match], bool]:
         for g in all_guards(p):
             reason = g.check(site)
             if reason is not None:
-                run.near_miss(p.id, anchor, f"{g.name}: {reason}")
+                if not g.quiet:
+                    run.near_miss(p.id, anchor, f"{g.name}: {reason}")
                 return False
         from .stats import describe
 
-        run.current_site = describe(anchor)
+        run.current_site = f"graph {run.record.graph_id}: {describe(anchor)}"
         return True
 
     return extra_check

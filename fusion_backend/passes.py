@@ -8,6 +8,7 @@ never replay a stale FX-graph or AOTAutograd cache entry.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import hashlib
 import json
 import logging
@@ -15,7 +16,7 @@ import pathlib
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import is_match
 
 from . import _ext, registry
@@ -47,7 +48,9 @@ class FusekitPass(CustomGraphPass):
     def uuid(self) -> str | None:
         if self.user_pass is not None and not hasattr(self.user_pass, "uuid"):
             return None  # a user pass with no uuid makes Inductor bypass its caches; keep that
-        h = hashlib.sha256(get_hash_for_files(source_files()))
+        h = hashlib.sha256()
+        for f in source_files():  # hashed each time (Inductor's get_hash_for_files caches per path)
+            h.update(pathlib.Path(f).name.encode() + pathlib.Path(f).read_bytes())
         user_uuid = self.user_pass.uuid() if self.user_pass is not None else None
         h.update(json.dumps({"opts": dataclasses.asdict(self.options), "ext": _ext.build_id(),
                              "user": user_uuid, "torch": torch.__version__}).encode())
@@ -78,7 +81,7 @@ class FusekitPass(CustomGraphPass):
                     for pid in self.options.patterns:
                         if pid not in skip:
                             registry.compiled(pid).pass_.apply(graph)
-                    _explain_misses(graph, run, skip)
+                            _explain_misses(graph, run, pid)  # before later rules take the nodes
                 return
             except SiteFailure as f:
                 _restore(graph, backup)
@@ -96,25 +99,22 @@ def registry_error(pattern: str, exc: BaseException, site: str = "<graph>") -> A
     return NearMiss(pattern, site, f"{type(exc).__name__}: {exc}")
 
 
-def _explain_misses(graph: torch.fx.Graph, run: PassRun, skip: set[str]) -> None:
+def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
     """Sites that match a pattern's shape but were not rewritten because an intermediate value has
     another user (guard failures were recorded when the guard ran)."""
-    for pid in run.options.patterns:
-        if pid in skip:
-            continue
-        for expr in registry.compiled(pid).relaxed:
-            for node in [n for n in graph.nodes if n.op == "call_function" and n.target in expr.fns]:
-                m = expr.match(node)
-                if not is_match(m):
-                    continue
-                inside = set(m.nodes)
-                shared = [n for n in m.nodes if n is not node and any(u not in inside for u in n.users)]
-                if shared:
-                    names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
-                    run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
+    for expr in registry.compiled(pid).relaxed:
+        for node in [n for n in graph.nodes if n.op == "call_function" and n.target in expr.fns]:
+            m = expr.match(node)
+            if not is_match(m):
+                continue
+            inside = set(m.nodes)
+            shared = [n for n in m.nodes if n is not node and any(u not in inside for u in n.users)]
+            if shared:
+                names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
+                run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
 
 
-_getitem = __import__("operator").getitem
+_getitem = operator.getitem
 
 
 def _is_fusekit(n: torch.fx.Node) -> bool:
@@ -125,16 +125,21 @@ def _count(graph: torch.fx.Graph) -> int:
     return sum(1 for n in graph.nodes if n.op == "call_function")
 
 
+def _copy_into(dst: torch.fx.Graph, src: torch.fx.Graph) -> None:
+    rv, out = dst.graph_copy(src, {}, return_output_node=True)  # copies all but the output node
+    dst.output(rv, type_expr=out.type).meta = dict(out.meta)
+
+
 def _snapshot(graph: torch.fx.Graph) -> torch.fx.Graph:
     g = torch.fx.Graph(owning_module=graph.owning_module)
-    g.graph_copy(graph, {}, return_output_node=True)
+    _copy_into(g, graph)
     return g
 
 
 def _restore(graph: torch.fx.Graph, backup: torch.fx.Graph) -> None:
     for n in reversed(list(graph.nodes)):  # users before producers
         graph.erase_node(n)
-    graph.graph_copy(backup, {}, return_output_node=True)
+    _copy_into(graph, backup)
 
 
 def _log_record(r: Any) -> None:

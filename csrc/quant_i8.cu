@@ -1,0 +1,56 @@
+// fusekit::quant_i8 -- static per-tensor INT8 quantize, bit-exact with eager PyTorch on CUDA.
+//
+//   def quant_i8_ref(x: Tensor, scale: float = 0.05, zp: float = 3.0, qmin: int = -128,
+//                    qmax: int = 127) -> Tensor:
+//       return torch.clamp(torch.round(x / scale + zp), qmin, qmax).to(torch.int8)
+//
+// Contract: x CUDA, contiguous, float32/float16/bfloat16; -128 <= qmin <= qmax <= 127; scale and zp floats
+// or 0-dim float tensors (scale_t, zp_t). Returns a new contiguous int8 tensor of x's shape.
+//
+// NOTE (exactness): eager divides by a host scalar as x * (1/scale) in float32 (div_true_kernel_cuda's
+// reciprocal path) but by a device tensor with a true division; it rounds to x's dtype after the
+// division and after the add; torch.round is round-half-to-even (rintf). Each step is mirrored here.
+#include "fusekit.h"
+
+namespace fusekit {
+namespace {
+
+template <typename T>
+struct QuantI8 {
+  ScalarArg scale, zp;
+  float qmin, qmax;
+  __device__ int8_t operator()(const T (&v)[1]) const {
+    const float x = static_cast<float>(v[0]);
+    const float s = scale.get();
+    // host scalar: multiply by the float reciprocal, as eager does; device tensor: true division
+    float t = static_cast<float>(static_cast<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s)));
+    t = static_cast<float>(static_cast<T>(t + zp.get()));
+    t = rintf(t);
+    if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);  // eager's clamp lets NaN through
+    return static_cast<int8_t>(t);
+  }
+};
+
+at::Tensor quant_i8_cuda(const at::Tensor& x, double scale, double zp, int64_t qmin, int64_t qmax,
+                         const std::optional<at::Tensor>& scale_t, const std::optional<at::Tensor>& zp_t) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  TORCH_CHECK(-128 <= qmin && qmin <= qmax && qmax <= 127, "fusekit: quant_i8 needs -128 <= qmin <= qmax <= 127, got [",
+              qmin, ", ", qmax, "]");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  auto s = scalar_arg("scale", scale, scale_t, x.device());
+  auto z = scalar_arg("zp", zp, zp_t, x.device());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "quant_i8", [&] {
+    launch_elementwise<1>(QuantI8<scalar_t>{s, z, float(qmin), float(qmax)}, out.data_ptr<int8_t>(),
+                          x.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr),
+                          static_cast<const scalar_t*>(nullptr), x.numel());
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("quant_i8", &fusekit::quant_i8_cuda); }

@@ -1,0 +1,37 @@
+import os
+
+import pytest
+import torch
+
+import fusion_backend
+from fusion_backend import registry
+
+CPU = {"cpu_reference": True}
+HAS_GPU = torch.cuda.is_available()
+
+
+def pattern_params(dtypes=True):
+    """(pattern, dtype) pairs from the tables: every test that takes them is generated."""
+    out = []
+    for p in registry.all_patterns():
+        for dt in (p.dtypes if dtypes else p.dtypes[:1]):
+            out.append(pytest.param(p, dt, id=f"{p.id}-{str(dt).replace('torch.', '')}"))
+    return out
+
+
+def explain(fn, *args, **opts):
+    return fusion_backend.explain(fn, *args, options={**CPU, **opts})
+
+
+def assert_same(out, ref):
+    """CPU kernels are the references themselves: results must be identical."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o, r, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(int(os.environ.get("FUSEKIT_TEST_SEED", "0")))

@@ -1,0 +1,201 @@
+"""The backend: entry point, mode/options, composition with user passes, cache keys, failure isolation,
+and options={"verify": True}."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import fusion_backend
+from conftest import CPU, explain
+from fusion_backend import passes, registry
+from fusion_backend.backend import split_options
+
+
+def f_exp(x, y):
+    return torch.exp((x + y) * 2)
+
+
+def test_entry_point_in_fresh_process():
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "fusion_backend" not in sys.modules
+        f = torch.compile(lambda x, y: torch.exp((x + y) * 2), backend="fusekit")
+        x, y = torch.randn(8), torch.randn(8)
+        torch.testing.assert_close(f(x, y), torch.exp((x + y) * 2))
+        assert "fusion_backend" in sys.modules and "fusekit" in torch._dynamo.list_backends()
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       cwd="/", env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_options_split():
+    fk, patches = split_options(None, {"cpu_reference": True, "verify": True, "patterns": "elementwise",
+                                       "disable": ["elementwise.mul_add"], "max_autotune": True})
+    assert fk.cpu_reference and fk.verify
+    assert fk.patterns and all(p.startswith("elementwise.") for p in fk.patterns)
+    assert "elementwise.mul_add" not in fk.patterns
+    assert patches == {"max_autotune": True}  # Inductor's keys pass through unchanged
+    assert split_options("reduce-overhead", None)[1] == {"triton.cudagraphs": True}
+    assert split_options(None, {"mode": "reduce-overhead"})[1] == {"triton.cudagraphs": True}
+    with pytest.raises(ValueError, match="unknown pattern"):
+        split_options(None, {"patterns": ["nope"]})
+    with pytest.raises(RuntimeError, match="Unrecognized mode"):
+        split_options("fastest-please", None)
+
+
+def test_patterns_and_disable_select_what_fires():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    assert explain(f_exp, x, y).sites["elementwise.add_mul_exp"] == 1
+    assert sum(explain(f_exp, x, y, disable=["elementwise"]).sites.values()) == 0
+    assert sum(explain(f_exp, x, y, patterns=["quantize"]).sites.values()) == 0
+    assert explain(f_exp, x, y, patterns=["elementwise.add_mul_exp"]).sites["elementwise.add_mul_exp"] == 1
+
+
+def test_mode_and_inductor_options_reach_inductor():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    seen = {}
+
+    class Spy(CustomGraphPass):
+        def __call__(self, g):
+            from torch._inductor import config
+            seen["cudagraphs"] = config.triton.cudagraphs
+        def uuid(self):
+            return "spy"
+
+    rep = explain(f_exp, x, y, mode="reduce-overhead", post_grad_custom_pre_pass=Spy())
+    assert seen["cudagraphs"] is True and rep.sites["elementwise.add_mul_exp"] == 1
+
+
+def test_user_passes_are_kept():
+    calls = []
+
+    class Mine(CustomGraphPass):
+        def __init__(self, tag):
+            self.tag = tag
+        def __call__(self, g):
+            calls.append((self.tag, "fusekit.add_mul_exp" in str(g)))
+        def uuid(self):
+            return self.tag
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    explain(f_exp, x, y, post_grad_custom_pre_pass=Mine("pre"), post_grad_custom_post_pass=Mine("post"))
+    # the user's pre pass runs before fusekit, the user's post pass after it (and sees the fused op)
+    assert calls == [("pre", False), ("post", True)]
+    from torch._inductor import config
+    with config.patch(post_grad_custom_post_pass=Mine("global")):
+        calls.clear()
+        explain(f_exp, x, y)
+        assert calls == [("global", True)]
+
+
+def test_uuid_covers_patterns_options_and_user_pass(tmp_path, monkeypatch):
+    opts = split_options(None, CPU)[0]
+    base = passes.FusekitPass(opts).uuid()
+    assert base == passes.FusekitPass(opts).uuid()
+    assert base != passes.FusekitPass(split_options(None, {})[0]).uuid()
+    assert base != passes.FusekitPass(split_options(None, {**CPU, "disable": "quantize"})[0]).uuid()
+    # a changed pattern file changes the key, so a stale compiled graph is never replayed
+    copies = []
+    for i, f in enumerate(passes.source_files()):
+        (tmp_path / str(i)).mkdir()
+        c = tmp_path / str(i) / os.path.basename(f)
+        c.write_text(open(f).read())
+        copies.append(str(c))
+    monkeypatch.setattr(passes, "source_files", lambda: tuple(copies))
+    assert passes.FusekitPass(opts).uuid() == base
+    with open(copies[-1], "a") as fh:
+        fh.write("\n# edited\n")
+    assert passes.FusekitPass(opts).uuid() != base
+    # a user pass without uuid() keeps Inductor's cache bypass
+    assert passes.FusekitPass(opts, user_pass=lambda g: None).uuid() is None
+
+
+def test_exception_in_guard_skips_the_site(monkeypatch):
+    import fusion_backend.guards as G
+    p = registry.by_id("elementwise.add_mul_exp")
+
+    def boom(site):
+        raise RuntimeError("guard exploded")
+
+    monkeypatch.setattr(G, "all_guards", lambda pat: (G.Guard("boom", boom),) if pat is p else
+                        G.all_guards.__wrapped__(pat))
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    rep = explain(f_exp, x, y)
+    assert rep.sites[p.id] == 0 and any("guard exploded" in e.reason for e in rep.errors), str(rep)
+    assert "guard exploded" in str(rep)
+    torch.testing.assert_close(rep.output, f_exp(x, y))
+
+
+def test_exception_in_rewrite_restores_graph(monkeypatch):
+    p = registry.by_id("elementwise.add_mul_exp")
+    c = registry.compiled(p.id)
+    entries = [e for es in c.pass_.patterns.values() for e in es]
+
+    def broken_apply(match, graph, node):
+        graph.erase_node(next(n for n in graph.nodes if n.op == "output"))  # damage, then fail
+        raise RuntimeError("rewrite exploded")
+
+    from fusion_backend.guards import SiteFailure
+    for e in entries:
+        orig = e.apply
+        def wrapped(match, graph, node, _orig=orig):
+            try:
+                broken_apply(match, graph, node)
+            except RuntimeError as exc:
+                raise SiteFailure(p.id, node, exc) from exc
+        monkeypatch.setattr(e, "apply", wrapped)
+
+    def g(x, y, q, k, v):
+        return torch.exp((x + y) * 2), q * k + v
+    args = [torch.randn(4, 8) for _ in range(5)]
+    rep = explain(g, *args)
+    assert any("rewrite exploded" in e.reason for e in rep.errors), str(rep)
+    assert rep.sites[p.id] == 0 and rep.sites["elementwise.mul_add"] == 1  # the rest still fuses
+    for o, r in zip(rep.output, g(*args)):
+        torch.testing.assert_close(o, r)
+
+
+def test_verify_passes_on_correct_kernels_and_names_the_bad_site(monkeypatch):
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    rep = explain(f_exp, x, y, verify=True)
+    assert rep.sites["elementwise.add_mul_exp"] == 1 and "fusekit.verify" in rep.graphs[0].graph_code
+    torch.testing.assert_close(rep.output, f_exp(x, y))
+
+    # a wrong kernel: the reference used by verify disagrees with what the op computed
+    import dataclasses
+    import fusion_backend.verify as V
+    p = registry.by_id("elementwise.add_mul_exp")
+    def wrong_ref(x: torch.Tensor, y: torch.Tensor, c: float = 2.0) -> torch.Tensor:
+        return torch.exp((x + y) * c) + 1.0
+
+    wrong = dataclasses.replace(p, reference=wrong_ref)
+    monkeypatch.setattr(V.registry, "by_id", lambda pid: wrong if pid == p.id else registry.by_id(pid))
+    with pytest.raises(Exception, match=r"pattern 'elementwise.add_mul_exp' at site 'graph \d+: exp \(test_backend.py:\d+ in f_exp\)'.*exceeds atol"):
+        explain(f_exp, x * 3, y, verify=True)
+
+
+def test_backend_factory_with_mode_and_options():
+    b = fusion_backend.backend(mode="reduce-overhead", options=CPU)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f_exp, backend=b)(x, y), f_exp(x, y))
+    torch._dynamo.reset()
+
+
+def test_report_prints_table_and_logs(caplog):
+    import logging
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    with caplog.at_level(logging.INFO, logger="fusion_backend"):
+        rep = explain(f_exp, x, y)
+    text = str(rep)
+    assert "elementwise.add_mul_exp" in text and "sites" in text and "left to Inductor" in text
+    assert any("elementwise.add_mul_exp" in r.getMessage() for r in caplog.records)
+    d = rep.to_dict()
+    assert d["sites"] == 1 and d["patterns"][0]["pattern"]
+    assert fusion_backend.report(last=1).graphs

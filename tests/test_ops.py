@@ -1,0 +1,77 @@
+"""torch.library.opcheck for every fusekit op (schema, fake, AOT dispatch), on CPU and, where the
+extension is built, on CUDA; plus the ops' contract against their references."""
+import inspect
+
+import pytest
+import torch
+
+from conftest import HAS_GPU, pattern_params
+from fusion_backend import ops, registry
+
+
+def _op_args(p, case, dtype, device):
+    args = list(p.make_args(case, dtype, device))
+    bound = dict(zip(p.arg_names, args)) | dict(p.static)
+    return [bound[n] for n, _ in p.params]
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params())
+def test_opcheck_cpu(p, dtype):
+    op = registry.op_overload(p.op)
+    for case in p.cases:
+        torch.library.opcheck(op, _op_args(p, case, dtype, "cpu"))
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
+def test_opcheck_tensor_scalar_companions(p, dtype):
+    floats = [n for n, k in p.params if k == "float"]
+    if not floats:
+        pytest.skip("no float parameters")
+    op = registry.op_overload(p.op)
+    args = _op_args(p, p.cases[0], dtype, "cpu")
+    kwargs = {f"{n}_t": torch.tensor(float(args[[m for m, _ in p.params].index(n)]) * 2) for n in floats}
+    torch.library.opcheck(op, args, kwargs)
+    want = p.reference(*[kwargs.get(f"{n}_t", a) for (n, _), a in zip(p.params, args)])
+    torch.testing.assert_close(op(*args, **kwargs), want, rtol=0, atol=0)
+
+
+def test_every_op_has_a_schema_matching_its_reference():
+    for p in registry.all_patterns():
+        schema = registry.op_overload(p.op)._schema
+        positional = [a.name for a in schema.arguments if not a.kwarg_only]
+        assert positional == [n for n, _ in p.params], (p.id, str(schema))
+        companions = {a.name for a in schema.arguments if a.kwarg_only}
+        assert companions == {f"{n}_t" for n, k in p.params if k == "float"}, (p.id, str(schema))
+    used = {p.op for p in registry.all_patterns()} | {"verify"}
+    assert used == set(ops.SCHEMAS), "every op in ops.SCHEMAS is used by a pattern, and vice versa"
+
+
+def test_ops_are_functional():
+    for name in ops.SCHEMAS:
+        schema = getattr(torch.ops.fusekit, name).default._schema
+        assert not schema.is_mutable and all(a.alias_info is None for a in schema.arguments), name
+
+
+def test_typed_wrappers_match_references():
+    from fusion_backend.patterns import elementwise, quantize
+
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    torch.testing.assert_close(ops.add_mul_exp(x, y, 1.5), elementwise.add_mul_exp_ref(x, y, 1.5))
+    torch.testing.assert_close(ops.add_mul_exp(x, y, torch.tensor(1.5)), elementwise.add_mul_exp_ref(x, y, 1.5))
+    torch.testing.assert_close(ops.mul_add(x, y, x), elementwise.mul_add_ref(x, y, x))
+    xq = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 1e9, -1e9, 0.2]) * 0.1
+    assert torch.equal(ops.quant_i8(xq, 0.1, 0.0), quantize.quant_i8_ref(xq, 0.1, 0.0))
+    assert ops.quant_i8(xq, 0.1, 0.0).tolist() == [0, 2, 2, 0, -2, 127, -128, 0]  # half to even
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("p,dtype", pattern_params())
+def test_opcheck_cuda(p, dtype):
+    from fusion_backend import _ext
+
+    if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+        pytest.skip(_ext.missing_cuda_kernel(p.op, torch.device("cuda")))
+    op = registry.op_overload(p.op)
+    for case in p.cases:
+        torch.library.opcheck(op, _op_args(p, case, dtype, "cuda"))

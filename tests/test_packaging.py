@@ -1,0 +1,39 @@
+"""patterns/ ships inside the package as fusion_backend.patterns (and csrc/ as fusion_backend.csrc), in
+the editable install under test and in a built wheel."""
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_installed_package_resolves_top_level_patterns():
+    import fusion_backend.patterns as pats
+    from fusion_backend import _ext
+
+    # editable install: fusion_backend.patterns is the checkout's top-level patterns/ folder
+    assert pathlib.Path(pats.__file__).resolve().parent in (ROOT / "patterns", ) or \
+        "site-packages" in pats.__file__
+    assert {"elementwise", "quantize", "batched_matmul"} <= {
+        p.stem for p in pathlib.Path(pats.__file__).parent.glob("*.py")}
+    assert _ext.csrc_dir() is not None and any(_ext.csrc_dir().glob("*.cu"))
+
+
+@pytest.mark.packaging
+def test_wheel_contains_patterns_and_csrc(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = zipfile.ZipFile(next(tmp_path.glob("fusekit-*.whl"))).namelist()
+    for f in ("fusion_backend/patterns/__init__.py", "fusion_backend/patterns/elementwise.py",
+              "fusion_backend/patterns/quantize.py", "fusion_backend/patterns/batched_matmul.py",
+              "fusion_backend/backend.py"):
+        assert f in names, names
+    assert any(n.startswith("fusion_backend/csrc/") and n.endswith(".cu") for n in names), names
+    assert not any(n.startswith("patterns/") for n in names), "patterns must not be a top-level package"
+    ep = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(next(tmp_path.glob("fusekit-*.whl"))).read(ep).decode()
+    assert "[torch_dynamo_backends]" in text and "fusekit = fusion_backend.backend:fusekit" in text

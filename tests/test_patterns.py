@@ -1,0 +1,126 @@
+"""Generated from the pattern tables: every pattern fires, matches eager, and does not fire where it
+must not (reused intermediate, unsupported dtype, failing guard, CPU without cpu_reference)."""
+import pytest
+import torch
+from torch._inductor.pattern_matcher import fwd_only
+
+from conftest import assert_same, explain, pattern_params
+from fusion_backend import registry, stats
+from fusion_backend.report import _fresh_compile
+
+
+def _no_unfused_ops(code: str) -> bool:
+    return "torch.ops.aten" not in code and "torch.ops.prims" not in code
+
+
+def _fires(p, fn, args, sites=1):
+    rep = explain(fn, *args)
+    assert rep.sites[p.id] == sites, str(rep)
+    assert not rep.errors, str(rep)
+    code = "\n".join(g.graph_code for g in rep.graphs)
+    assert f"fusekit.{p.op}.default" in code, code
+    return rep, code
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params())
+def test_fires_and_matches_eager(p, dtype):
+    for case in p.cases:
+        args = p.make_args(case, dtype, "cpu")
+        rep, code = _fires(p, p.search_fn(), args)
+        assert _no_unfused_ops(code), code  # the whole chain became the one op
+        assert_same(rep.output, p.eager(*args))
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params())
+def test_other_spellings_fire(p, dtype):
+    """Commuted operands, method vs function spellings, .char() vs .to(int8) ..."""
+    if not p.variants:
+        pytest.skip("no alternative spellings declared")
+    args = p.make_args(p.cases[0], dtype, "cpu")
+    for v in p.variants:
+        rep, _ = _fires(p, v, args)
+        assert_same(rep.output, p.eager(*args))  # the op computes the reference ...
+        atol, rtol = p.tol[dtype]                 # ... which equals this spelling within tolerance
+        torch.testing.assert_close(rep.output, v(*args), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
+def test_scalars_as_tensors_and_after_recompile(p, dtype):
+    floats = [n for n, k in p.params if k == "float"]
+    if not floats:
+        pytest.skip("no float parameters")
+    args = list(p.make_args(p.cases[0], dtype, "cpu"))
+    idx = [p.arg_names.index(n) for n in floats]
+    # 0-dim tensors given by the user
+    targs = [torch.tensor(a) if i in idx else a for i, a in enumerate(args)]
+    rep, _ = _fires(p, p.search_fn(), targs)
+    assert_same(rep.output, p.eager(*targs))
+    # a second call with other floats recompiles, and Dynamo turns the floats into tensor inputs
+    fn = p.search_fn()
+    with _fresh_compile(), stats.collect() as records:
+        c = torch.compile(fn, backend="fusekit", options={"cpu_reference": True})
+        c(*args)
+        args2 = [a * 1.5 if i in idx else a for i, a in enumerate(args)]
+        out2 = c(*args2)
+    assert [r.sites[p.id] for r in records] == [1, 1], [str(r.near_misses) for r in records]
+    assert_same(out2, p.eager(*args2))
+
+
+def _with_reused_intermediate(fn, args):
+    """make_fx the chain and also return its first intermediate, so that value has a second user."""
+    gm = fwd_only(fn, args)  # decomposed as Inductor sees it, so single-op references have intermediates
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    first = next(n for n in gm.graph.nodes if n.op == "call_function" and out not in n.users)
+    out.args = ((*out.args[0], first) if isinstance(out.args[0], (tuple, list)) else (out.args[0], first),)
+    gm.recompile()
+    return gm
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
+def test_no_fire_when_intermediate_reused(p, dtype):
+    args = p.make_args(p.cases[0], dtype, "cpu")
+    gm = _with_reused_intermediate(p.search_fn(), args)
+    rep = explain(gm, *args)
+    assert rep.sites[p.id] == 0, str(rep)
+    assert any(m.pattern == p.id and "reused" in m.reason for m in rep.near_misses), str(rep)
+    torch.testing.assert_close(rep.output, gm(*args))  # Inductor's result, not fusekit's
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
+def test_no_fire_on_unsupported_dtype(p, dtype):
+    args = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in p.make_args(p.cases[0], dtype, "cpu")]
+    rep = explain(p.search_fn(), *args)
+    assert sum(rep.sites.values()) == 0, str(rep)
+    torch.testing.assert_close(rep.output, p.eager(*args))
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
+def test_no_fire_on_failing_guard(p, dtype):
+    args = _fill(p, p.bad_layout(dtype, "cpu"))
+    rep = explain(p.search_fn(), *args)
+    assert rep.sites[p.id] == 0, str(rep)
+    assert any(m.pattern == p.id and "contiguous" in m.reason for m in rep.near_misses), str(rep)
+    torch.testing.assert_close(rep.output, p.eager(*args))  # Inductor's result
+
+
+def _fill(p, tensors):
+    it, defaults = iter(tensors), p.scalar_defaults
+    return [next(it) if k == "tensor" else defaults[n] for n, k in p.params if k != "static"]
+
+
+@pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
+def test_cpu_needs_cpu_reference(p, dtype):
+    import fusion_backend
+
+    args = p.make_args(p.cases[0], dtype, "cpu")
+    rep = fusion_backend.explain(p.search_fn(), *args)  # default options
+    assert rep.sites[p.id] == 0
+    assert any(m.pattern == p.id and "cpu_reference" in m.reason for m in rep.near_misses), str(rep)
+
+
+def test_every_scalar_binds():
+    """Each float/int parameter survives tracing as its own argument in every dtype."""
+    for p in registry.all_patterns():
+        for dt in p.dtypes:
+            registry.trace_search_pattern(p, dt, "cpu")
