@@ -14,21 +14,29 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
-#define FK_CHECK_CUDA(t) TORCH_CHECK((t).is_cuda(), "fusekit: " #t " must be a CUDA tensor, got ", (t).device())
+#define FK_CHECK_CUDA(t) TORCH_CHECK((t).is_cuda(), "fusekit: " #t " must be a CUDA tensor, got ", fusekit::describe(t))
 #define FK_CHECK_CONTIGUOUS(t) TORCH_CHECK((t).is_contiguous(), "fusekit: " #t " must be contiguous")
 #define FK_CHECK_FLOATING(t)                                                                          \
   TORCH_CHECK((t).scalar_type() == at::kFloat || (t).scalar_type() == at::kHalf ||                     \
                   (t).scalar_type() == at::kBFloat16,                                                 \
-              "fusekit: " #t " must be float32, float16 or bfloat16, got ", (t).scalar_type())
+              "fusekit: " #t " must be float32, float16 or bfloat16, got ", c10::toString((t).scalar_type()))
+// NOTE: messages are built as plain strings: streaming IntArrayRef/Device into TORCH_CHECK from nvcc-
+// compiled code crashed the process on torch 2.11 (seen on an H200), instead of raising.
 #define FK_CHECK_SAME(a, b)                                                                           \
   TORCH_CHECK((a).sizes() == (b).sizes() && (a).scalar_type() == (b).scalar_type() &&                 \
                   (a).device() == (b).device(),                                                       \
-              "fusekit: " #a " and " #b " must have one shape, dtype and device; got ", (a).sizes(),  \
-              " ", (a).scalar_type(), " ", (a).device(), " and ", (b).sizes(), " ", (b).scalar_type(), \
-              " ", (b).device())
+              "fusekit: " #a " and " #b " must have one shape, dtype and device; got ",               \
+              fusekit::describe(a), " and ", fusekit::describe(b))
 
 namespace fusekit {
+
+inline std::string describe(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "] " + c10::toString(t.scalar_type()) + " " + t.device().str();
+}
 
 constexpr int kThreads = 256;
 
@@ -121,12 +129,13 @@ inline ScalarArg scalar_arg(const char* name, double v, const std::optional<at::
     return s;
   }
   TORCH_CHECK(t->dim() == 0 && t->is_floating_point(), "fusekit: ", name,
-              "_t must be a 0-dim floating tensor, got shape ", t->sizes(), " ", t->scalar_type());
+              "_t must be a 0-dim floating tensor, got ", describe(*t));
   if (t->is_cpu()) {
     s.value = static_cast<float>(t->item<double>());
     return s;
   }
-  TORCH_CHECK(t->device() == device, "fusekit: ", name, "_t is on ", t->device(), ", inputs on ", device);
+  TORCH_CHECK(t->device() == device, "fusekit: ", name, "_t is on ", t->device().str(), ", inputs on ",
+              device.str());
   s.keep = t->scalar_type() == at::kFloat ? *t : t->to(at::kFloat);
   s.ptr = s.keep.data_ptr<float>();
   s.on_host = false;
