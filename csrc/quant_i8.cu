@@ -8,8 +8,9 @@
 // or 0-dim float tensors (scale_t, zp_t). Returns a new contiguous int8 tensor of x's shape.
 //
 // NOTE (exactness): eager divides by a host scalar as x * (1/scale) in float32 (div_true_kernel_cuda's
-// reciprocal path) but by a device tensor with a true division; it rounds to x's dtype after the
-// division and after the add; torch.round is round-half-to-even (rintf). Each step is mirrored here.
+// reciprocal path) but by a device tensor with a true division, after casting that tensor to x's dtype;
+// it rounds to x's dtype after the division and after the add; torch.round is round-half-to-even
+// (rintf). Each step is mirrored here (tests/test_kernels_gpu.py checks all three scalar forms).
 #include "fusekit.h"
 
 namespace fusekit {
@@ -21,10 +22,12 @@ struct QuantI8 {
   float qmin, qmax;
   __device__ int8_t operator()(const T (&v)[1]) const {
     const float x = static_cast<float>(v[0]);
-    const float s = scale.get();
-    // host scalar: multiply by the float reciprocal, as eager does; device tensor: true division
+    // A device tensor operand is first cast to x's dtype (TensorIterator's common dtype); a host scalar
+    // is read as a float. Host scale: multiply by the float reciprocal, as eager does; device: divide.
+    const float s = scale.ptr ? static_cast<float>(static_cast<T>(scale.get())) : scale.get();
+    const float z = zp.ptr ? static_cast<float>(static_cast<T>(zp.get())) : zp.get();
     float t = static_cast<float>(static_cast<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s)));
-    t = static_cast<float>(static_cast<T>(t + zp.get()));
+    t = static_cast<float>(static_cast<T>(t + z));
     t = rintf(t);
     if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);  // eager's clamp lets NaN through
     return static_cast<int8_t>(t);
