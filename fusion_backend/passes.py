@@ -80,7 +80,7 @@ class FusekitPass(CustomGraphPass):
                 with running(run):
                     for pid in self.options.patterns:
                         if pid not in skip:
-                            registry.compiled(pid).pass_.apply(graph)
+                            registry.compiled(pid).apply(graph)
                             _explain_misses(graph, run, pid)  # before later rules take the nodes
                 return
             except SiteFailure as f:

@@ -204,52 +204,59 @@ def trace_search_pattern(pattern: Pattern, dtype: torch.dtype, device: Any,
     return expr
 
 
-@dataclasses.dataclass
 class Compiled:
-    """A pattern's registered form: its matcher pass and the (relaxed) search expressions."""
+    """A pattern's matcher pass, filled lazily: search patterns are traced only for the (dtype, device)
+    pairs that a graph actually holds, so a fp16 CUDA model never pays for tracing fp32/bf16/CPU rules."""
 
-    pattern: Pattern
-    pass_: pm.PatternMatcherPass
-    exprs: list[Any]
+    def __init__(self, pattern: Pattern) -> None:
+        self.pattern = pattern
+        self.pass_ = pm.PatternMatcherPass(pass_name=f"fusekit:{pattern.id}")
+        self.exprs: list[Any] = []
+        self.relaxed: list[Any] = []  # one-user constraint dropped: explains reused intermediates
+        self._done: set[tuple[torch.dtype, str]] = set()
+        self._seen: set[str] = set()
+        self._seen_relaxed: set[str] = set()
 
-    @functools.cached_property
-    def relaxed(self) -> list[Any]:
-        seen, out = set(), []
-        for e in self.exprs:
-            r = _relaxed(e)
-            key = pm.PatternPrettyPrinter.run(r)
-            if key not in seen:
-                seen.add(key)
-                out.append(r)
-        return out
+    def ensure(self, dtype: torch.dtype, device: str) -> None:
+        # an unsupported dtype still gets the first dtype's rule, so its sites show as dtype near misses
+        dtype = dtype if dtype in self.pattern.dtypes else self.pattern.dtypes[0]
+        if (dtype, device) in self._done:
+            return
+        self._done.add((dtype, device))
+        p = self.pattern
+        for fn in (None, *p.variants):
+            tensors = list(p.inputs(p.trace_case, dtype, device))
+            for expr in _commuted(trace_search_pattern(p, dtype, device, fn)):
+                key = pm.PatternPrettyPrinter.run(expr)
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                self.exprs.append(expr)
+                pm.register_replacement(p.search_fn(), _replacement_fn(p), tensors, pm.fwd_only,
+                                        [self.pass_], extra_check=G.guard_fn(p),
+                                        scalar_workaround=_dummy_scalars(p), search_fn_pattern=expr,
+                                        skip_duplicates=True)
+                r = _relaxed(expr)
+                if pm.PatternPrettyPrinter.run(r) not in self._seen_relaxed:
+                    self._seen_relaxed.add(pm.PatternPrettyPrinter.run(r))
+                    self.relaxed.append(r)
+        G.harden_entries(p, self.pass_)
+
+    def apply(self, graph: torch.fx.Graph) -> int:
+        for dtype, device in graph_dtypes(graph):
+            self.ensure(dtype, device)
+        return self.pass_.apply(graph)
 
 
-def _trace_devices() -> list[str]:
-    # Decompositions can differ by device; register what each device produces (duplicates are skipped).
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def compile_pattern(pattern: Pattern) -> Compiled:
-    pass_ = pm.PatternMatcherPass(pass_name=f"fusekit:{pattern.id}")
-    guard_fn = G.guard_fn(pattern)
-    replace = _replacement_fn(pattern)
-    search = pattern.search_fn()
-    dummies = _dummy_scalars(pattern)
-    exprs, seen = [], set()
-    spellings = (None, *pattern.variants)
-    for dtype, device, fn in itertools.product(pattern.dtypes, _trace_devices(), spellings):
-        tensors = list(pattern.inputs(pattern.trace_case, dtype, device))
-        for expr in _commuted(trace_search_pattern(pattern, dtype, device, fn)):
-            key = pm.PatternPrettyPrinter.run(expr)
-            if key in seen:
-                continue
-            seen.add(key)
-            exprs.append(expr)
-            pm.register_replacement(search, replace, tensors, pm.fwd_only, [pass_],
-                                    extra_check=guard_fn, scalar_workaround=dummies,
-                                    search_fn_pattern=expr, skip_duplicates=True)
-    G.harden_entries(pattern, pass_)
-    return Compiled(pattern, pass_, exprs)
+def graph_dtypes(graph: torch.fx.Graph) -> set[tuple[torch.dtype, str]]:
+    """(floating dtype, device type) pairs of the tensors in `graph` that fusekit can trace for."""
+    traceable = {"cpu"} | ({"cuda"} if torch.cuda.is_available() else set())
+    out = set()
+    for n in graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, Tensor) and v.is_floating_point() and v.device.type in traceable:
+            out.add((v.dtype, v.device.type))
+    return out
 
 
 @functools.cache
@@ -274,7 +281,7 @@ def by_id(pattern_id: str) -> Pattern:
 @functools.cache
 def compiled(pattern_id: str) -> Compiled:
     """Trace and register one pattern, once per process."""
-    return compile_pattern(by_id(pattern_id))
+    return Compiled(by_id(pattern_id))
 
 
 def select(patterns: Sequence[str] | None, disable: Sequence[str] = ()) -> tuple[str, ...]:

@@ -135,6 +135,7 @@ def test_exception_in_guard_skips_the_site(monkeypatch):
 def test_exception_in_rewrite_restores_graph(monkeypatch):
     p = registry.by_id("elementwise.add_mul_exp")
     c = registry.compiled(p.id)
+    c.ensure(torch.float32, "cpu")
     entries = [e for es in c.pass_.patterns.values() for e in es]
 
     def broken_apply(match, graph, node):
