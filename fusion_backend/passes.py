@@ -63,8 +63,7 @@ class FusekitPass(CustomGraphPass):
             self._rewrite(graph, record)
         except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
             record.errors.append(registry_error("<pass>", exc))
-        record.left_to_inductor = sum(1 for n in graph.nodes if n.op == "call_function"
-                                      and not _is_fusekit(n) and n.target is not _getitem)
+        record.left_to_inductor = _count(graph, fusekit=False)
         record.graph_code = str(graph)
         publish(record)
         _log_record(record)
@@ -121,8 +120,10 @@ def _is_fusekit(n: torch.fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "fusekit"
 
 
-def _count(graph: torch.fx.Graph) -> int:
-    return sum(1 for n in graph.nodes if n.op == "call_function")
+def _count(graph: torch.fx.Graph, fusekit: bool = True) -> int:
+    """ATen-level work in `graph`: call_function nodes, less tuple indexing (and fusekit's own ops)."""
+    return sum(1 for n in graph.nodes if n.op == "call_function" and n.target is not _getitem
+               and (fusekit or not _is_fusekit(n)))
 
 
 def _copy_into(dst: torch.fx.Graph, src: torch.fx.Graph) -> None:
