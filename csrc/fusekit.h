@@ -12,6 +12,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -57,21 +59,21 @@ inline int blocks_for(int64_t units) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// out[i] = op({in[0][i], ..., in[N-1][i]}) over n elements. 16-byte vector loads when every pointer is
-// aligned, then a scalar tail; any n (0, 1, odd) is correct.
-template <int N, typename T, typename Out, int V, typename Op>
+// out[i] = op({in[0][i], ..., in[N-1][i]}) over n elements. Bit k of ROW marks input k as a [cols] vector
+// broadcast along the last dimension (a bias). 16-byte vector loads when every pointer is aligned and
+// cols is a multiple of the vector width, then a scalar tail; any n (0, 1, odd) is correct.
+template <int N, int ROW, typename T, typename Out, int V, typename Op>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __restrict__ out,
-                                                               const T* const* __restrict__ unused,
                                                                const T* __restrict__ a, const T* __restrict__ b,
-                                                               const T* __restrict__ c, int64_t n) {
+                                                               const T* __restrict__ c, int64_t n, int64_t cols) {
   const T* in[3] = {a, b, c};
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = n / V;
+  const int64_t nvec = n / V, vcols = cols / V;
   for (int64_t i = tid; i < nvec; i += stride) {
     Vec<T, V> x[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) x[k] = reinterpret_cast<const Vec<T, V>*>(in[k])[i];
+    for (int k = 0; k < N; ++k) x[k] = reinterpret_cast<const Vec<T, V>*>(in[k])[(ROW >> k) & 1 ? i % vcols : i];
     Vec<Out, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -85,24 +87,47 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __res
   for (int64_t i = nvec * V + tid; i < n; i += stride) {
     T vals[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) vals[k] = in[k][i];
+    for (int k = 0; k < N; ++k) vals[k] = in[k][(ROW >> k) & 1 ? i % cols : i];
     out[i] = op(vals);
   }
 }
 
-// Launch `op` on the current stream over contiguous inputs of one dtype T.
-template <int N, typename T, typename Out, typename Op>
-void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int64_t n) {
+// Launch `op` on the current stream over contiguous inputs of one dtype T (`cols` is the length of the
+// row-broadcast inputs selected by ROW; ignored when ROW == 0).
+template <int N, int ROW = 0, typename T, typename Out, typename Op>
+void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int64_t n, int64_t cols = 1) {
   if (n == 0) return;
   constexpr int V = 16 / sizeof(T);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  bool vec = aligned16(out) && aligned16(a) && (N < 2 || aligned16(b)) && (N < 3 || aligned16(c));
+  bool vec = reinterpret_cast<uintptr_t>(out) % sizeof(Vec<Out, V>) == 0 && aligned16(a) &&
+             (N < 2 || aligned16(b)) && (N < 3 || aligned16(c)) && (ROW == 0 || cols % V == 0);
   if (vec) {
-    elementwise_kernel<N, T, Out, V><<<blocks_for(n / V + 1), kThreads, 0, stream>>>(op, out, nullptr, a, b, c, n);
+    elementwise_kernel<N, ROW, T, Out, V><<<blocks_for(n / V + 1), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
   } else {
-    elementwise_kernel<N, T, Out, 1><<<blocks_for(n), kThreads, 0, stream>>>(op, out, nullptr, a, b, c, n);
+    elementwise_kernel<N, ROW, T, Out, 1><<<blocks_for(n), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Float math shared by the activation kernels (eager's formulas, evaluated in float32).
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float relu(float x) { return isnan(x) ? x : fmaxf(x, 0.0f); }  // NaN stays NaN
+
+// float -> float8_e4m3fn with round-to-nearest-even, as c10::Float8_e4m3fn does for |v| <= 448 (callers
+// clamp first, as the patterns do); NaN stays NaN.
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// "none" / "tanh", as F.gelu's approximate argument
+inline bool tanh_gelu(const std::string& approximate) {
+  TORCH_CHECK(approximate == "none" || approximate == "tanh",
+              "fusekit: approximate must be 'none' or 'tanh', got '", approximate, "'");
+  return approximate == "tanh";
 }
 
 // A float argument that may arrive as a Python number or as a 0-dim tensor (`<name>_t`). A host value

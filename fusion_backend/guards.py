@@ -81,6 +81,27 @@ def last_dim_vector(name: str, of: str) -> Guard:
     return Guard(f"last_dim_vector({name}, {of})", check)
 
 
+def float32(*names: str) -> Guard:
+    def check(s: Site) -> str | None:
+        bad = {n: str(s.tensor(n).dtype) for n in names if s.tensor(n).dtype != torch.float32}
+        return f"not float32: {bad}" if bad else None
+
+    return Guard(f"float32({', '.join(names)})", check)
+
+
+def channel_params(x: str, *names: str, per_row: bool) -> Guard:
+    """Per-channel parameters of a 2-D `x` [M, N]: all [M, 1] (per row) or all [N] (per column)."""
+    def check(s: Site) -> str | None:
+        xs = tuple(s.tensor(x).shape)
+        shapes = {n: tuple(s.tensor(n).shape) for n in names}
+        want = ((xs[0], 1) if per_row else (xs[-1],)) if xs else None
+        if len(xs) == 2 and set(shapes.values()) == {want}:
+            return None
+        return f"{x} {xs} with {shapes}: want all {'[M, 1]' if per_row else '[N]'}"
+
+    return Guard(f"channel_params({x}; {', '.join(names)}; {'rows' if per_row else 'columns'})", check)
+
+
 def ndim(name: str, n: int) -> Guard:
     def check(s: Site) -> str | None:
         d = s.tensor(name).dim()
@@ -116,9 +137,11 @@ def _scalar_guard(p: "Pattern") -> Guard:
             if kind == "tensor" and not isinstance(s.arg(n), Tensor):
                 return f"{n} is bound to {_short(s.arg(n))}, not a tensor"
             v = s.arg(n) if kind in ("float", "int") else None
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if kind == "float" and n in p.literals and not number:
+                return f"{n} must be a Python number ({_short(v)})"
             if kind == "float" and not (
-                (isinstance(v, (int, float)) and not isinstance(v, bool))
-                or (isinstance(v, Tensor) and v.dim() == 0 and v.is_floating_point())
+                number or (isinstance(v, Tensor) and v.dim() == 0 and v.is_floating_point())
             ):
                 return f"{n} is not a Python number or a 0-dim float tensor ({_short(v)})"
             if kind == "int" and not (isinstance(v, int) and not isinstance(v, bool)):
@@ -213,7 +236,7 @@ def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass) -> None:
                 run = active_run()
                 if run is not None:
                     run.record.sites[p.id] += 1
-                    run.record.nodes_replaced[p.id] += len(match.nodes)
+                    run.record.nodes_replaced[p.id] += len({n for n in match.nodes if n.op == "call_function"})
                     run.record.fused_sites.append((p.id, run.current_site))
 
             e.extra_check, e.apply, e._fusekit_hardened = safe_check, safe_apply, True

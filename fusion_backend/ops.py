@@ -6,7 +6,8 @@ everything with no extension. The CPU kernel of each op is the unfused reference
 pattern(s) that use it (registered by ``registry.register_cpu_references``); the CUDA kernel is bound
 from ``csrc/<op>.cu`` with ``TORCH_LIBRARY_IMPL(fusekit, CUDA, m)`` when the extension is built.
 
-NOTE (tensor scalars): a float parameter ``s`` comes with a keyword-only companion ``Tensor? s_t``. After
+NOTE (tensor scalars): a float parameter ``s`` comes with a keyword-only companion ``Tensor? s_t`` (except
+the pattern's ``literals``, such as an eps, which must be Python numbers). After
 a recompile Dynamo turns a Python float into a 0-dim tensor graph input; the replacement then passes
 that tensor as ``s_t`` (and ``s`` is ignored). A 0-dim tensor the user passed is handled the same way.
 """
@@ -27,11 +28,24 @@ SCHEMAS = {
     "gelu": "gelu(Tensor x, str approximate) -> Tensor",
     "bias_gelu": "bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor",
     "silu_mul": "silu_mul(Tensor g, Tensor u) -> Tensor",
+    "gelu_mul": "gelu_mul(Tensor g, Tensor u, str approximate) -> Tensor",
+    "bias_relu": "bias_relu(Tensor x, Tensor bias) -> Tensor",
+    "scale_residual_add": (
+        "scale_residual_add(Tensor x, Tensor residual, float scale, *, Tensor? scale_t=None) -> Tensor"
+    ),
     # quantize
     "quant_i8": (
         "quant_i8(Tensor x, float scale, float zp, int qmin, int qmax, *, "
         "Tensor? scale_t=None, Tensor? zp_t=None) -> Tensor"
     ),
+    "quant_i8_channel": "quant_i8_channel(Tensor x, Tensor scale, Tensor zp, int qmin, int qmax) -> Tensor",
+    "dequant_i8": (
+        "dequant_i8(Tensor q, float scale, float zp, ScalarType dtype, *, Tensor? scale_t=None, "
+        "Tensor? zp_t=None) -> Tensor"
+    ),
+    "dyn_quant_i8": "dyn_quant_i8(Tensor x, float eps) -> (Tensor, Tensor)",
+    "quant_fp8": "quant_fp8(Tensor x, float scale, *, Tensor? scale_t=None) -> Tensor",
+    "dyn_quant_fp8": "dyn_quant_fp8(Tensor x, float eps) -> (Tensor, Tensor)",
     # batched matmul
     "bmm_scale_bias_gelu": (
         "bmm_scale_bias_gelu(Tensor a, Tensor b, float scale, Tensor bias, str approximate, *, "
@@ -84,6 +98,57 @@ def _(x, bias, approximate):
 def _(g, u):
     torch._check(g.shape == u.shape, lambda: "silu_mul: g and u must have one shape")
     return _same(g)
+
+
+@torch.library.register_fake("fusekit::gelu_mul")
+def _(g, u, approximate):
+    torch._check(g.shape == u.shape, lambda: "gelu_mul: g and u must have one shape")
+    return _same(g)
+
+
+@torch.library.register_fake("fusekit::bias_relu")
+def _(x, bias):
+    torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
+                 lambda: f"bias_relu: bias {tuple(bias.shape)} must be [x.shape[-1]={x.shape[-1]}]")
+    return _same(x)
+
+
+@torch.library.register_fake("fusekit::scale_residual_add")
+def _(x, residual, scale, *, scale_t=None):
+    torch._check(x.shape == residual.shape, lambda: "scale_residual_add: x and residual shapes differ")
+    return _same(x)
+
+
+@torch.library.register_fake("fusekit::quant_i8_channel")
+def _(x, scale, zp, qmin, qmax):
+    torch._check(x.dim() == 2, lambda: "quant_i8_channel: x must be [M, N]")
+    return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusekit::dequant_i8")
+def _(q, scale, zp, dtype, *, scale_t=None, zp_t=None):
+    torch._check(q.dtype == torch.int8, lambda: f"dequant_i8: q must be int8, got {q.dtype}")
+    return torch.empty_like(q, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def _rowwise(x, qdtype):
+    q = torch.empty_like(x, dtype=qdtype, memory_format=torch.contiguous_format)
+    return q, x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@torch.library.register_fake("fusekit::dyn_quant_i8")
+def _(x, eps):
+    return _rowwise(x, torch.int8)
+
+
+@torch.library.register_fake("fusekit::quant_fp8")
+def _(x, scale, *, scale_t=None):
+    return torch.empty_like(x, dtype=torch.float8_e4m3fn, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusekit::dyn_quant_fp8")
+def _(x, eps):
+    return _rowwise(x, torch.float8_e4m3fn)
 
 
 @torch.library.register_fake("fusekit::quant_i8")

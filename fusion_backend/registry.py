@@ -50,6 +50,7 @@ class Pattern:
     dtypes: tuple[torch.dtype, ...] = FLOATS  # dtype of the first tensor argument
     guards: tuple[G.Guard, ...] = ()          # shape/stride/contiguity guards beyond dtype/device/scalars
     static: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # non-tensor params fixed per rule
+    literals: tuple[str, ...] = ()            # float params matched only as Python numbers (no `_t`)
     # Other eager spellings of the same computation (same parameters, static ones omitted). Each is
     # registered as a search pattern too (duplicates of the reference's are skipped) and tested.
     variants: tuple[Callable[..., Any], ...] = ()
@@ -84,6 +85,11 @@ class Pattern:
     def arg_names(self) -> list[str]:
         """Parameters bound by the match (everything but static)."""
         return [n for n, k in self.params if k != "static"]
+
+    @property
+    def tensor_scalars(self) -> list[str]:
+        """Float params that may also arrive as 0-dim tensors (and have a `_t` companion in the op)."""
+        return [n for n, k in self.params if k == "float" and n not in self.literals]
 
     @property
     def scalar_defaults(self) -> dict[str, float | int]:
@@ -122,7 +128,7 @@ def call_op(pattern: Pattern, args: Sequence[Any]) -> Any:
     call_args, call_kwargs = [], {}
     for name, kind in pattern.params:
         v = bound[name]
-        if kind == "float" and isinstance(v, Tensor):
+        if isinstance(v, Tensor) and name in pattern.tensor_scalars:
             call_kwargs[f"{name}_t"], v = v, 0.0
         call_args.append(v)
     return op_overload(pattern.op)(*call_args, **call_kwargs)
@@ -161,6 +167,8 @@ def _dummy_scalars(pattern: Pattern) -> dict[str, float | int]:
 
 def _commuted(expr: Any) -> list[Any]:
     """Every variant of `expr` with operands of commutative aten ops swapped."""
+    if isinstance(expr, pm.MultiOutputPattern):
+        return [pm.MultiOutputPattern(list(o)) for o in itertools.product(*map(_commuted, expr.outputs))]
     if not isinstance(expr, pm.CallFunction):
         return [expr]
     arg_variants = [_commuted(a) for a in expr.args]
@@ -175,15 +183,27 @@ def _commuted(expr: Any) -> list[Any]:
 
 def _relaxed(expr: Any) -> Any:
     """`expr` with the one-user constraint dropped, to explain sites where an intermediate is reused."""
+    if isinstance(expr, pm.MultiOutputPattern):
+        return pm.MultiOutputPattern([_relaxed(o) for o in expr.outputs])
     if not isinstance(expr, pm.CallFunction):
         return expr
     return pm.CallFunction(expr.fns, *[_relaxed(a) for a in expr.args], _users=pm.MULTIPLE,
                            **expr.kwargs)
 
 
+def _size(expr: Any) -> int:
+    if isinstance(expr, pm.MultiOutputPattern):
+        return sum(map(_size, expr.outputs))
+    if isinstance(expr, pm.CallFunction):
+        return 1 + sum(map(_size, (*expr.args, *expr.kwargs.values())))
+    return 0
+
+
 def _keyword_names(expr: Any) -> set[str]:
     if isinstance(expr, pm.KeywordArg):
         return {expr.name}
+    if isinstance(expr, pm.MultiOutputPattern):
+        return set().union(*map(_keyword_names, expr.outputs))
     if isinstance(expr, pm.CallFunction):
         return set().union(*[_keyword_names(a) for a in (*expr.args, *expr.kwargs.values())])
     return set()
@@ -241,6 +261,8 @@ class Compiled:
                     self._seen_relaxed.add(pm.PatternPrettyPrinter.run(r))
                     self.relaxed.append(r)
         G.harden_entries(p, self.pass_)
+        for entries in self.pass_.patterns.values():  # longest match first: an fp16 rule that includes
+            entries.sort(key=lambda e: -_size(e.pattern))  # the upcast beats the fp32 rule after it
 
     def apply(self, graph: torch.fx.Graph) -> int:
         for dtype, device in graph_dtypes(graph):
@@ -304,7 +326,7 @@ def select(patterns: Sequence[str] | None, disable: Sequence[str] = ()) -> tuple
 
 
 def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
-    float_names = [n for n, k in pattern.params if k == "float"]
+    float_names = pattern.tensor_scalars
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         args = list(args)

@@ -34,6 +34,18 @@ def silu_mul_ref(g: Tensor, u: Tensor) -> Tensor:
     return F.silu(g) * u
 
 
+def gelu_mul_ref(g: Tensor, u: Tensor, approximate: str = "none") -> Tensor:
+    return F.gelu(g, approximate=approximate) * u
+
+
+def bias_relu_ref(x: Tensor, bias: Tensor) -> Tensor:
+    return F.relu(x + bias)
+
+
+def scale_residual_add_ref(x: Tensor, residual: Tensor, scale: float = 0.5) -> Tensor:
+    return residual + x * scale
+
+
 def _like(n: int, scale: float = 1.0):
     return lambda case, dt, dev: tuple(rand(case, dt, dev, scale) for _ in range(n))
 
@@ -50,22 +62,27 @@ def _transposed(n: int):
     return make
 
 
+# Longer chains first: a rule must not take the nodes of a longer one that contains it (gelu_mul before
+# gelu, scale_residual_add before mul_add).
 PATTERNS = [
     Pattern(
-        "elementwise.add_mul_exp",  # exp((x + y) * c): 3 kernels -> 1 (the user's kernel-fusion project)
-        reference=add_mul_exp_ref, op="add_mul_exp", inputs=_like(2, 0.5),
-        guards=(G.same_shape("x", "y"), G.same_dtype("x", "y"), G.contiguous("x", "y")),
-        variants=(lambda x, y, c: (y + x).mul(c).exp(),
-                  lambda x, y, c: torch.exp(c * torch.add(x, y))),
-        bad_layout=_transposed(2),
+        "elementwise.gelu_mul_erf",  # gelu(g) * u: GeGLU MLPs (T5 v1.1, Gemma use the tanh form)
+        reference=gelu_mul_ref, op="gelu_mul", static={"approximate": "none"}, inputs=_like(2),
+        guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
+        variants=(lambda g, u: u * F.gelu(g),), bad_layout=_transposed(2),
     ),
     Pattern(
-        "elementwise.mul_add",  # q * k + v: 2 kernels -> 1 (the user's C++-extension project)
-        reference=mul_add_ref, op="mul_add", inputs=_like(3),
-        guards=(G.same_shape("q", "k", "v"), G.same_dtype("q", "k", "v"), G.contiguous("q", "k", "v")),
-        variants=(lambda q, k, v: v + k * q, lambda q, k, v: torch.add(v, torch.mul(q, k)),
-                  lambda q, k, v: q.mul(k).add(v)),
-        bad_layout=_transposed(3),
+        "elementwise.gelu_mul_tanh",  # gelu_tanh(g) * u: GeGLU, tanh form
+        reference=gelu_mul_ref, op="gelu_mul", static={"approximate": "tanh"}, inputs=_like(2),
+        guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
+        variants=(lambda g, u: u * F.gelu(g, approximate="tanh"),), bad_layout=_transposed(2),
+    ),
+    Pattern(
+        "elementwise.silu_mul",  # silu(g) * u: SwiGLU in Llama-style MLPs
+        reference=silu_mul_ref, op="silu_mul", inputs=_like(2),
+        guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
+        variants=(lambda g, u: u * F.silu(g), lambda g, u: g * torch.sigmoid(g) * u),
+        bad_layout=_transposed(2),
     ),
     Pattern(
         "elementwise.bias_gelu_erf",  # gelu(x + b): the MLP up-projection epilogue (BERT; CUDA mm + add)
@@ -82,6 +99,13 @@ PATTERNS = [
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(), rand((16,), dt, dev)),
     ),
     Pattern(
+        "elementwise.bias_relu",  # relu(x + b): an MLP epilogue (CUDA mm + add)
+        reference=bias_relu_ref, op="bias_relu", inputs=_x_and_bias,
+        guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
+        variants=(lambda x, b: torch.relu(b + x), lambda x, b: (x + b).clamp_min(0)),
+        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(), rand((16,), dt, dev)),
+    ),
+    Pattern(
         "elementwise.gelu_erf",  # gelu(x), erf form: BERT's MLP after addmm (bias already in the GEMM)
         reference=gelu_ref, op="gelu", static={"approximate": "none"}, inputs=_like(1),
         guards=(G.contiguous("x"),), bad_layout=_transposed(1),
@@ -93,10 +117,27 @@ PATTERNS = [
         variants=(lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))),),
     ),
     Pattern(
-        "elementwise.silu_mul",  # silu(g) * u: SwiGLU in Llama-style MLPs
-        reference=silu_mul_ref, op="silu_mul", inputs=_like(2),
-        guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
-        variants=(lambda g, u: u * F.silu(g), lambda g, u: g * torch.sigmoid(g) * u),
+        "elementwise.scale_residual_add",  # residual + x * s: scaled residual branches (DeepNet, ReZero)
+        reference=scale_residual_add_ref, op="scale_residual_add", inputs=_like(2),
+        guards=(G.same_shape("x", "residual"), G.same_dtype("x", "residual"),
+                G.contiguous("x", "residual")),
+        variants=(lambda x, r, s: x * s + r, lambda x, r, s: torch.add(r, x.mul(s))),
         bad_layout=_transposed(2),
+    ),
+    Pattern(
+        "elementwise.add_mul_exp",  # exp((x + y) * c): 3 kernels -> 1 (the user's kernel-fusion project)
+        reference=add_mul_exp_ref, op="add_mul_exp", inputs=_like(2, 0.5),
+        guards=(G.same_shape("x", "y"), G.same_dtype("x", "y"), G.contiguous("x", "y")),
+        variants=(lambda x, y, c: (y + x).mul(c).exp(),
+                  lambda x, y, c: torch.exp(c * torch.add(x, y))),
+        bad_layout=_transposed(2),
+    ),
+    Pattern(
+        "elementwise.mul_add",  # q * k + v: 2 kernels -> 1 (the user's C++-extension project)
+        reference=mul_add_ref, op="mul_add", inputs=_like(3),
+        guards=(G.same_shape("q", "k", "v"), G.same_dtype("q", "k", "v"), G.contiguous("q", "k", "v")),
+        variants=(lambda q, k, v: v + k * q, lambda q, k, v: torch.add(v, torch.mul(q, k)),
+                  lambda q, k, v: q.mul(k).add(v)),
+        bad_layout=_transposed(3),
     ),
 ]

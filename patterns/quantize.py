@@ -12,12 +12,97 @@ from fusion_backend import guards as G
 from fusion_backend.registry import EXACT, Pattern, rand
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def dyn_quant_i8_ref(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    xf = x.float()
+    s = xf.abs().amax(dim=-1, keepdim=True).clamp(min=eps) / 127.0
+    return torch.clamp(torch.round(xf / s), -128, 127).to(torch.int8), s
+
+
+def dyn_quant_fp8_ref(x: Tensor, eps: float = 1e-12) -> tuple[Tensor, Tensor]:
+    xf = x.float()
+    s = xf.abs().amax(dim=-1, keepdim=True).clamp(min=eps) / 448.0
+    return (xf / s).clamp(-448.0, 448.0).to(FP8), s
+
+
+def quant_fp8_ref(x: Tensor, scale: float = 0.05) -> Tensor:
+    return (x / scale).clamp(-448.0, 448.0).to(FP8)
+
+
+def quant_i8_channel_ref(x: Tensor, scale: Tensor, zp: Tensor, qmin: int = -128, qmax: int = 127) -> Tensor:
+    return torch.clamp(torch.round(x / scale + zp), qmin, qmax).to(torch.int8)
+
+
+def dequant_i8_ref(q: Tensor, scale: float = 0.05, zp: float = 3.0,
+                   dtype: torch.dtype = torch.float16) -> Tensor:
+    return ((q.to(torch.float32) - zp) * scale).to(dtype)
+
+
 def quant_i8_ref(x: Tensor, scale: float = 0.05, zp: float = 3.0, qmin: int = -128,
                  qmax: int = 127) -> Tensor:
     return torch.clamp(torch.round(x / scale + zp), qmin, qmax).to(torch.int8)
 
 
+def _channel(per_row: bool):
+    def make(case, dt, dev):
+        m, n = case
+        shape = (m, 1) if per_row else (n,)
+        scale = torch.rand(shape, device=dev) * 0.2 + 0.01
+        return rand(case, dt, dev, 4.0), scale, torch.randn(shape, device=dev).round()
+    return make
+
+
+def _int8(case, dt, dev):
+    return (torch.randint(-128, 128, tuple(case), device=dev, dtype=torch.int8),)
+
+
+_ROWS = ((4, 64), (3, 5, 33), (2, 4096))
+def _channel_guards(per_row: bool):
+    return (G.channel_params("x", "scale", "zp", per_row=per_row), G.float32("scale", "zp"),
+            G.contiguous("x", "scale", "zp"), G.int8_range("qmin", "qmax"))
+
 PATTERNS = [
+    Pattern(
+        "quantize.dyn_quant_i8",  # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
+        reference=dyn_quant_i8_ref, op="dyn_quant_i8", literals=("eps",),
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
+        guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
+    ),
+    Pattern(
+        "quantize.dyn_quant_fp8",  # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
+        reference=dyn_quant_fp8_ref, op="dyn_quant_fp8", literals=("eps",),
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
+        guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
+    ),
+    Pattern(
+        "quantize.quant_fp8",  # static per-tensor FP8 e4m3, saturating: 3 kernels -> 1
+        reference=quant_fp8_ref, op="quant_fp8",
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 30.0),),  # |x / scale| beyond 448: saturates
+        guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
+        variants=(lambda x, scale: torch.clamp(x / scale, -448.0, 448.0).to(FP8),),
+    ),
+    Pattern(
+        "quantize.quant_i8_per_col",  # per-channel INT8, one scale/zp per column (weights, per-channel acts)
+        reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=False),
+        cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
+        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1,
+                                    torch.zeros(16, device=dev)),
+    ),
+    Pattern(
+        "quantize.quant_i8_per_row",  # per-channel INT8, one scale/zp per row
+        reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=True),
+        cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
+        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1,
+                                    torch.zeros(8, 1, device=dev)),
+    ),
+    *[Pattern(
+        f"quantize.dequant_i8_{str(out)[6:]}",  # (q.float() - zp) * scale [-> half]: int8 -> float in one pass
+        reference=dequant_i8_ref, op="dequant_i8", static={"dtype": out}, inputs=_int8,
+        dtypes=(torch.int8,), guards=(G.contiguous("q"),), tol=EXACT,
+        bad_layout=lambda dt, dev: (torch.randint(-128, 128, (16, 8), device=dev, dtype=torch.int8).t(),),
+    ) for out in (torch.float16, torch.bfloat16, torch.float32)],  # the bare float32 form is a prefix: last
     Pattern(
         "quantize.quant_i8",  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
         reference=quant_i8_ref, op="quant_i8",

@@ -71,7 +71,7 @@ def test_kernel_odd_shapes_and_unaligned_views(p, dtype):
 
 @pytest.mark.parametrize("p,dtype", cuda_patterns())
 def test_kernel_scalars_as_host_and_device_tensors(p, dtype):
-    floats = [n for n, k in p.params if k == "float"]
+    floats = p.tensor_scalars
     if not floats:
         pytest.skip("no float parameters")
     args = list(p.make_args((4099,), dtype, "cuda"))

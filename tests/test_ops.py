@@ -24,7 +24,7 @@ def test_opcheck_cpu(p, dtype):
 
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
 def test_opcheck_tensor_scalar_companions(p, dtype):
-    floats = [n for n, k in p.params if k == "float"]
+    floats = p.tensor_scalars
     if not floats:
         pytest.skip("no float parameters")
     op = registry.op_overload(p.op)
@@ -41,7 +41,7 @@ def test_every_op_has_a_schema_matching_its_reference():
         positional = [a.name for a in schema.arguments if not a.kwarg_only]
         assert positional == [n for n, _ in p.params], (p.id, str(schema))
         companions = {a.name for a in schema.arguments if a.kwarg_only}
-        assert companions == {f"{n}_t" for n, k in p.params if k == "float"}, (p.id, str(schema))
+        assert companions == {f"{n}_t" for n in p.tensor_scalars}, (p.id, str(schema))
     used = {p.op for p in registry.all_patterns()} | {"verify"}
     assert used == set(ops.SCHEMAS), "every op in ops.SCHEMAS is used by a pattern, and vice versa"
 

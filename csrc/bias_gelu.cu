@@ -1,0 +1,49 @@
+// fusekit::bias_gelu -- GELU(x + bias), bias broadcast along the last dimension (a GEMM epilogue that
+// Inductor runs as mm + a pointwise kernel).
+//
+//   def bias_gelu_ref(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
+//       return F.gelu(x + bias, approximate=approximate)
+//
+// Contract: x [..., N] CUDA, contiguous, float32/float16/bfloat16; bias [N], same dtype and device,
+// contiguous; approximate in {"none", "tanh"}. Returns a new contiguous tensor like x. Float32 math.
+#include "fusekit.h"
+
+namespace fusekit {
+namespace {
+
+template <typename T, bool TANH>
+struct BiasGelu {
+  __device__ T operator()(const T (&v)[2]) const {
+    // eager rounds x + bias to T before the GELU
+    const float x = static_cast<float>(static_cast<T>(static_cast<float>(v[0]) + static_cast<float>(v[1])));
+    return static_cast<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
+  }
+};
+
+at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  FK_CHECK_CONTIGUOUS(bias);
+  TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1) &&
+                  bias.scalar_type() == x.scalar_type() && bias.device() == x.device(),
+              "fusekit: bias must be [x.shape[-1]] with x's dtype and device; got x ", describe(x),
+              ", bias ", describe(bias));
+  const bool tanh = tanh_gelu(std::string(approximate));
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
+    const scalar_t* none = nullptr;
+    auto* o = out.data_ptr<scalar_t>();
+    auto* xp = x.data_ptr<scalar_t>();
+    auto* bp = bias.data_ptr<scalar_t>();
+    if (tanh) launch_elementwise<2, 0b10>(BiasGelu<scalar_t, true>{}, o, xp, bp, none, x.numel(), bias.numel());
+    else launch_elementwise<2, 0b10>(BiasGelu<scalar_t, false>{}, o, xp, bp, none, x.numel(), bias.numel());
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("bias_gelu", &fusekit::bias_gelu_cuda); }

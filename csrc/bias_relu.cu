@@ -1,0 +1,42 @@
+// fusekit::bias_relu -- ReLU(x + bias), bias broadcast along the last dimension.
+//
+//   def bias_relu_ref(x: Tensor, bias: Tensor) -> Tensor:
+//       return F.relu(x + bias)
+//
+// Contract: x [..., N] CUDA, contiguous, float32/float16/bfloat16; bias [N], same dtype and device,
+// contiguous. Returns a new contiguous tensor like x. NaN stays NaN, as in eager.
+#include "fusekit.h"
+
+namespace fusekit {
+namespace {
+
+template <typename T>
+struct BiasRelu {
+  __device__ T operator()(const T (&v)[2]) const {
+    return static_cast<T>(relu(static_cast<float>(static_cast<T>(static_cast<float>(v[0]) + static_cast<float>(v[1])))));
+  }
+};
+
+at::Tensor bias_relu_cuda(const at::Tensor& x, const at::Tensor& bias) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  FK_CHECK_CONTIGUOUS(bias);
+  TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1) &&
+                  bias.scalar_type() == x.scalar_type() && bias.device() == x.device(),
+              "fusekit: bias must be [x.shape[-1]] with x's dtype and device; got x ", describe(x),
+              ", bias ", describe(bias));
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_relu", [&] {
+    launch_elementwise<2, 0b10>(BiasRelu<scalar_t>{}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                bias.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), x.numel(),
+                                bias.numel());
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("bias_relu", &fusekit::bias_relu_cuda); }

@@ -1,0 +1,45 @@
+// fusekit::dyn_quant_fp8 -- dynamic per-token FP8 e4m3 in one pass over x.
+//
+//   def dyn_quant_fp8_ref(x: Tensor, eps: float = 1e-12) -> tuple[Tensor, Tensor]:
+//       xf = x.float()
+//       s = xf.abs().amax(dim=-1, keepdim=True).clamp(min=eps) / 448.0
+//       return (xf / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
+//
+// Contract: x [..., K] CUDA, contiguous, float32/float16/bfloat16; returns q float8_e4m3fn like x and the
+// fp32 scales [..., 1]; saturating, bit-exact with eager CUDA.
+#include "rowquant.cuh"
+
+namespace fusekit {
+namespace {
+
+struct ToE4M3 {
+  static constexpr float kMax = 448.0f;
+  __device__ uint8_t operator()(float t) const {
+    if (!isnan(t)) t = fminf(fmaxf(t, -448.0f), 448.0f);
+    return to_e4m3(t);
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> dyn_quant_fp8_cuda(const at::Tensor& x, double eps) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  TORCH_CHECK(x.dim() >= 1, "fusekit: dyn_quant_fp8 needs x with at least one dimension");
+  c10::cuda::CUDAGuard guard(x.device());
+  const float e = static_cast<float>(eps);
+  auto q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  auto sizes = x.sizes().vec();
+  sizes.back() = 1;
+  auto s = at::empty(sizes, x.options().dtype(at::kFloat));
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dyn_quant_fp8", [&] {
+    launch_rowquant(x.data_ptr<scalar_t>(), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr<float>(), rows,
+                    cols, ToE4M3{}, e);
+  });
+  return {q, s};
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("dyn_quant_fp8", &fusekit::dyn_quant_fp8_cuda); }

@@ -1,0 +1,46 @@
+// fusekit::dyn_quant_i8 -- dynamic per-token INT8 in one pass over x: per-row absmax -> scale -> quantize.
+//
+//   def dyn_quant_i8_ref(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+//       xf = x.float()
+//       s = xf.abs().amax(dim=-1, keepdim=True).clamp(min=eps) / 127.0
+//       return torch.clamp(torch.round(xf / s), -128, 127).to(torch.int8), s
+//
+// Contract: x [..., K] CUDA, contiguous, float32/float16/bfloat16; returns q int8 like x and the fp32
+// scales [..., 1]. Bit-exact with eager CUDA (s = amax * (1/127) as eager's scalar divide does; x / s is
+// a true division; round half to even).
+#include "rowquant.cuh"
+
+namespace fusekit {
+namespace {
+
+struct ToI8 {
+  static constexpr float kMax = 127.0f;
+  __device__ int8_t operator()(float t) const {
+    t = rintf(t);
+    if (!isnan(t)) t = fminf(fmaxf(t, -128.0f), 127.0f);
+    return static_cast<int8_t>(t);
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> dyn_quant_i8_cuda(const at::Tensor& x, double eps) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  TORCH_CHECK(x.dim() >= 1, "fusekit: dyn_quant_i8 needs x with at least one dimension");
+  c10::cuda::CUDAGuard guard(x.device());
+  const float e = static_cast<float>(eps);
+  auto q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  auto sizes = x.sizes().vec();
+  sizes.back() = 1;
+  auto s = at::empty(sizes, x.options().dtype(at::kFloat));
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dyn_quant_i8", [&] {
+    launch_rowquant(x.data_ptr<scalar_t>(), q.data_ptr<int8_t>(), s.data_ptr<float>(), rows, cols, ToI8{}, e);
+  });
+  return {q, s};
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("dyn_quant_i8", &fusekit::dyn_quant_i8_cuda); }

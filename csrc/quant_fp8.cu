@@ -1,0 +1,44 @@
+// fusekit::quant_fp8 -- static per-tensor FP8 e4m3, saturating, bit-exact with eager CUDA.
+//
+//   def quant_fp8_ref(x: Tensor, scale: float = 0.05) -> Tensor:
+//       return (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+//
+// Contract: x CUDA, contiguous, float32/float16/bfloat16; scale a float or a 0-dim float tensor (scale_t).
+// Returns a new contiguous float8_e4m3fn tensor like x. As eager: a host scale divides as x * (1/scale),
+// a device scale (cast to x's dtype) divides truly; the quotient is rounded to x's dtype first.
+#include "fusekit.h"
+
+namespace fusekit {
+namespace {
+
+template <typename T>
+struct QuantFp8 {
+  ScalarArg scale;
+  __device__ uint8_t operator()(const T (&v)[1]) const {
+    const float x = static_cast<float>(v[0]);
+    const float s = scale.ptr ? static_cast<float>(static_cast<T>(scale.get())) : scale.get();
+    float t = static_cast<float>(static_cast<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s)));
+    if (!isnan(t)) t = fminf(fmaxf(t, -448.0f), 448.0f);
+    return to_e4m3(t);
+  }
+};
+
+at::Tensor quant_fp8_cuda(const at::Tensor& x, double scale, const std::optional<at::Tensor>& scale_t) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  auto s = scalar_arg("scale", scale, scale_t, x.device());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "quant_fp8", [&] {
+    const scalar_t* none = nullptr;
+    launch_elementwise<1>(QuantFp8<scalar_t>{s}, reinterpret_cast<uint8_t*>(out.data_ptr()),
+                          x.data_ptr<scalar_t>(), none, none, x.numel());
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("quant_fp8", &fusekit::quant_fp8_cuda); }

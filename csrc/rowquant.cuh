@@ -1,0 +1,107 @@
+// One-pass dynamic per-row (per-token) quantization: each block owns one row, keeps it in registers,
+// reduces |x| to the row's absmax, writes the fp32 scale and the quantized row. x is read from HBM once.
+#pragma once
+#include "fusekit.h"
+
+namespace fusekit {
+
+constexpr int kRowThreads = 256;
+constexpr int kRowVecs = 4;  // vectors per thread kept in registers; longer rows re-read x (from L2)
+
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float warp_max[kRowThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  v = lane < (blockDim.x >> 5) ? warp_max[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Q::quant(float x_over_nothing, float s) -> OutT; Q::kMax is the format's largest magnitude (127, 448).
+template <typename T, typename OutT, int V, typename Q>
+__global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restrict__ x, OutT* __restrict__ q,
+                                                               float* __restrict__ scales, int64_t cols, Q op,
+                                                               float eps) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  OutT* qr = q + row * cols;
+  const int64_t nvec = cols / V;
+  Vec<T, V> held[kRowVecs];
+  float amax = 0.f;
+  bool has_nan = false;
+#pragma unroll
+  for (int k = 0; k < kRowVecs; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    if (i < nvec) {
+      held[k] = reinterpret_cast<const Vec<T, V>*>(xr)[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        float a = fabsf(static_cast<float>(held[k].v[j]));
+        has_nan |= isnan(a);
+        amax = fmaxf(amax, a);
+      }
+    }
+  }
+  for (int64_t i = threadIdx.x + int64_t(kRowVecs) * blockDim.x; i < nvec; i += blockDim.x) {
+    Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(xr)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float a = fabsf(static_cast<float>(v.v[j]));
+      has_nan |= isnan(a);
+      amax = fmaxf(amax, a);
+    }
+  }
+  for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) {
+    float a = fabsf(static_cast<float>(xr[i]));
+    has_nan |= isnan(a);
+    amax = fmaxf(amax, a);
+  }
+  const bool any_nan = __syncthreads_or(has_nan);
+  amax = block_max(amax);
+  if (any_nan) amax = __int_as_float(0x7fffffff);  // eager's amax propagates NaN; fmaxf drops it
+  // s = clamp(amax, min=eps) / kMax, as eager computes it: a host-scalar divide is x * (1/kMax)
+  const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);
+  if (threadIdx.x == 0) scales[row] = s;
+#pragma unroll
+  for (int k = 0; k < kRowVecs; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    if (i < nvec) {
+      Vec<OutT, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = op(__fdiv_rn(static_cast<float>(held[k].v[j]), s));
+      reinterpret_cast<Vec<OutT, V>*>(qr)[i] = o;
+    }
+  }
+  for (int64_t i = threadIdx.x + int64_t(kRowVecs) * blockDim.x; i < nvec; i += blockDim.x) {
+    Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(xr)[i];
+    Vec<OutT, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = op(__fdiv_rn(static_cast<float>(v.v[j]), s));
+    reinterpret_cast<Vec<OutT, V>*>(qr)[i] = o;
+  }
+  for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) qr[i] = op(__fdiv_rn(static_cast<float>(xr[i]), s));
+}
+
+// x: [..., cols] contiguous; q: same shape (OutT storage); scales: [rows] fp32.
+template <typename T, typename OutT, typename Q>
+void launch_rowquant(const T* x, OutT* q, float* scales, int64_t rows, int64_t cols, Q op, float eps) {
+  if (rows == 0) return;
+  constexpr int V = 16 / sizeof(T);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // fewer threads for short rows: every thread should hold at least one vector
+  int threads = 32;
+  while (threads < kRowThreads && int64_t(threads) * V < cols) threads *= 2;
+  TORCH_CHECK(rows <= INT32_MAX, "fusekit: too many rows");
+  if (cols % V == 0 && aligned16(x)) {
+    rowquant_kernel<T, OutT, V><<<rows, threads, 0, stream>>>(x, q, scales, cols, op, eps);
+  } else {
+    rowquant_kernel<T, OutT, 1><<<rows, threads, 0, stream>>>(x, q, scales, cols, op, eps);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace fusekit

@@ -1,0 +1,39 @@
+// fusekit::silu_mul -- SwiGLU's silu(g) * u in one pass.
+//
+//   def silu_mul_ref(g: Tensor, u: Tensor) -> Tensor:
+//       return F.silu(g) * u
+//
+// Contract: g, u CUDA, contiguous, one shape, one dtype in {float32, float16, bfloat16}. Returns a new
+// contiguous tensor. Float32 math; silu(g) is rounded to the dtype before the product, as in eager.
+#include "fusekit.h"
+
+namespace fusekit {
+namespace {
+
+template <typename T>
+struct SiluMul {
+  __device__ T operator()(const T (&v)[2]) const {
+    const float s = static_cast<float>(static_cast<T>(silu(static_cast<float>(v[0]))));
+    return static_cast<T>(s * static_cast<float>(v[1]));
+  }
+};
+
+at::Tensor silu_mul_cuda(const at::Tensor& g, const at::Tensor& u) {
+  FK_CHECK_CUDA(g);
+  FK_CHECK_FLOATING(g);
+  FK_CHECK_SAME(g, u);
+  FK_CHECK_CONTIGUOUS(g);
+  FK_CHECK_CONTIGUOUS(u);
+  c10::cuda::CUDAGuard guard(g.device());
+  auto out = at::empty_like(g, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "silu_mul", [&] {
+    launch_elementwise<2>(SiluMul<scalar_t>{}, out.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(),
+                          u.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), g.numel());
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("silu_mul", &fusekit::silu_mul_cuda); }
