@@ -13,9 +13,13 @@
 namespace fusekit {
 namespace {
 
+// NOTE (exact and fast): eager computes x / s with a true division. x * (1/s) is within 2 ulp of it, so
+// it can only round differently next to a .5 boundary; there (rare) the true division is recomputed.
 struct ToI8 {
   static constexpr float kMax = 127.0f;
-  __device__ int8_t operator()(float t) const {
+  __device__ int8_t operator()(float x, float s, float r) const {
+    float t = x * r;
+    if (fabsf(t - floorf(t) - 0.5f) < 1e-4f * fmaxf(1.0f, fabsf(t))) t = __fdiv_rn(x, s);
     t = rintf(t);
     if (!isnan(t)) t = fminf(fmaxf(t, -128.0f), 127.0f);
     return static_cast<int8_t>(t);

@@ -59,32 +59,52 @@ inline int blocks_for(int64_t units) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Vector width for a kernel reading T and writing Out: 16-byte accesses on the wider side.
+template <typename T, typename Out>
+constexpr int vec_width() { return 16 / (sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out)); }
+
+constexpr int kUnroll = 4;  // vectors per thread per iteration: all loads issue before any math
+
 // out[i] = op({in[0][i], ..., in[N-1][i]}) over n elements. Bit k of ROW marks input k as a [cols] vector
-// broadcast along the last dimension (a bias). 16-byte vector loads when every pointer is aligned and
-// cols is a multiple of the vector width, then a scalar tail; any n (0, 1, odd) is correct.
+// broadcast along the last dimension (a bias). Vector loads when every pointer is aligned and cols is a
+// multiple of the vector width, then a scalar tail; any n (0, 1, odd) is correct.
 template <int N, int ROW, typename T, typename Out, int V, typename Op>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __restrict__ out,
                                                                const T* __restrict__ a, const T* __restrict__ b,
                                                                const T* __restrict__ c, int64_t n, int64_t cols) {
   const T* in[3] = {a, b, c};
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nvec = n / V, vcols = cols / V;
-  for (int64_t i = tid; i < nvec; i += stride) {
-    Vec<T, V> x[N];
+  // each iteration covers kUnroll vectors per thread, strided by the grid so warps stay coalesced
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t base = tid; base < nvec; base += step * kUnroll) {
+    Vec<T, V> x[kUnroll][N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) x[k] = reinterpret_cast<const Vec<T, V>*>(in[k])[(ROW >> k) & 1 ? i % vcols : i];
-    Vec<Out, V> o;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * step;
+      if (i < nvec) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      T vals[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) vals[k] = x[k].v[j];
-      o.v[j] = op(vals);
+        for (int k = 0; k < N; ++k)
+          x[u][k] = reinterpret_cast<const Vec<T, V>*>(in[k])[(ROW >> k) & 1 ? i % vcols : i];
+      }
     }
-    reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * step;
+      if (i < nvec) {
+        Vec<Out, V> o;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          T vals[N];
+#pragma unroll
+          for (int k = 0; k < N; ++k) vals[k] = x[u][k].v[j];
+          o.v[j] = op(vals);
+        }
+        reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
+      }
+    }
   }
-  for (int64_t i = nvec * V + tid; i < n; i += stride) {
+  for (int64_t i = nvec * V + tid; i < n; i += step) {
     T vals[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) vals[k] = in[k][(ROW >> k) & 1 ? i % cols : i];
@@ -97,14 +117,16 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __res
 template <int N, int ROW = 0, typename T, typename Out, typename Op>
 void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int64_t n, int64_t cols = 1) {
   if (n == 0) return;
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = vec_width<T, Out>();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  bool vec = reinterpret_cast<uintptr_t>(out) % sizeof(Vec<Out, V>) == 0 && aligned16(a) &&
-             (N < 2 || aligned16(b)) && (N < 3 || aligned16(c)) && (ROW == 0 || cols % V == 0);
+  auto ok = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  bool vec = ok(out, sizeof(Vec<Out, V>)) && ok(a, sizeof(Vec<T, V>)) && (N < 2 || ok(b, sizeof(Vec<T, V>))) &&
+             (N < 3 || ok(c, sizeof(Vec<T, V>))) && (ROW == 0 || cols % V == 0);
   if (vec) {
-    elementwise_kernel<N, ROW, T, Out, V><<<blocks_for(n / V + 1), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+    elementwise_kernel<N, ROW, T, Out, V>
+        <<<blocks_for(n / V / kUnroll + 1), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
   } else {
-    elementwise_kernel<N, ROW, T, Out, 1><<<blocks_for(n), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+    elementwise_kernel<N, ROW, T, Out, 1><<<blocks_for(n / kUnroll + 1), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -12,27 +12,49 @@
 namespace fusekit {
 namespace {
 
+__device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmin, float qmax) {
+  float t = rintf(__fadd_rn(__fdiv_rn(v, s), z));
+  if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);
+  return static_cast<int8_t>(t);
+}
+
+// Vector path: cols % V == 0, so the V elements of a vector share one row (PER_ROW: one scale) or span
+// V consecutive columns (one vector load of scale and zp); the index math is once per vector.
 template <typename T, int V, bool PER_ROW>
 __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
                                                                  const float* __restrict__ zp, int8_t* __restrict__ q,
                                                                  int64_t n, int64_t cols, float qmin, float qmax) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  auto quant = [&](float v, int64_t e) {
-    const int64_t c = PER_ROW ? e / cols : e % cols;
-    float t = rintf(__fadd_rn(__fdiv_rn(v, scale[c]), zp[c]));
-    if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);
-    return static_cast<int8_t>(t);
-  };
   const int64_t nvec = n / V;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) {
-    Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(x)[i];
+    const Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(x)[i];
     Vec<int8_t, V> o;
+    if constexpr (PER_ROW) {
+      const int64_t r = (i * V) / cols;
+      const float s = scale[r], z = zp[r];
 #pragma unroll
-    for (int j = 0; j < V; ++j) o.v[j] = quant(static_cast<float>(v.v[j]), i * V + j);
+      for (int j = 0; j < V; ++j) o.v[j] = quant_one(static_cast<float>(v.v[j]), s, z, qmin, qmax);
+    } else {
+      const int64_t c = (i * V) % cols;
+      const Vec<float, V> s = *reinterpret_cast<const Vec<float, V>*>(scale + c);
+      const Vec<float, V> z = *reinterpret_cast<const Vec<float, V>*>(zp + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = quant_one(static_cast<float>(v.v[j]), s.v[j], z.v[j], qmin, qmax);
+    }
     reinterpret_cast<Vec<int8_t, V>*>(q)[i] = o;
   }
-  for (int64_t e = nvec * V + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride)
-    q[e] = quant(static_cast<float>(x[e]), e);
+}
+
+// Any shape and alignment: one element per step.
+template <typename T, bool PER_ROW>
+__global__ void __launch_bounds__(kThreads) quant_channel_scalar_kernel(const T* __restrict__ x, const float* __restrict__ scale,
+                                                                        const float* __restrict__ zp, int8_t* __restrict__ q,
+                                                                        int64_t n, int64_t cols, float qmin, float qmax) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const int64_t c = PER_ROW ? e / cols : e % cols;
+    q[e] = quant_one(static_cast<float>(x[e]), scale[c], zp[c], qmin, qmax);
+  }
 }
 
 at::Tensor quant_i8_channel_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zp,
@@ -58,14 +80,21 @@ at::Tensor quant_i8_channel_cuda(const at::Tensor& x, const at::Tensor& scale, c
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "quant_i8_channel", [&] {
     constexpr int V = 16 / sizeof(scalar_t);
-    auto args = std::make_tuple(x.data_ptr<scalar_t>(), scale.data_ptr<float>(), zp.data_ptr<float>(),
-                                q.data_ptr<int8_t>(), n, x.size(1), float(qmin), float(qmax));
-    const bool vec = aligned16(x.data_ptr());
-    auto launch = [&](auto kernel, int64_t units) {
-      std::apply([&](auto... a) { kernel<<<blocks_for(units), kThreads, 0, stream>>>(a...); }, args);
-    };
-    if (per_row) vec ? launch(quant_channel_kernel<scalar_t, V, true>, n / V + 1) : launch(quant_channel_kernel<scalar_t, 1, true>, n);
-    else vec ? launch(quant_channel_kernel<scalar_t, V, false>, n / V + 1) : launch(quant_channel_kernel<scalar_t, 1, false>, n);
+    const int64_t cols = x.size(1);
+    auto* xp = x.data_ptr<scalar_t>();
+    auto *sp = scale.data_ptr<float>(), *zpp = zp.data_ptr<float>();
+    auto* qp = q.data_ptr<int8_t>();
+    const bool vec = cols % V == 0 && aligned16(xp) && reinterpret_cast<uintptr_t>(sp) % (4 * V) == 0 &&
+                     reinterpret_cast<uintptr_t>(zpp) % (4 * V) == 0;
+    const float lo = float(qmin), hi = float(qmax);
+    if (vec && per_row)
+      quant_channel_kernel<scalar_t, V, true><<<blocks_for(n / V), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
+    else if (vec)
+      quant_channel_kernel<scalar_t, V, false><<<blocks_for(n / V), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
+    else if (per_row)
+      quant_channel_scalar_kernel<scalar_t, true><<<blocks_for(n), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
+    else
+      quant_channel_scalar_kernel<scalar_t, false><<<blocks_for(n), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return q;

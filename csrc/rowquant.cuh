@@ -21,7 +21,8 @@ __device__ __forceinline__ float block_max(float v) {
   return v;
 }
 
-// Q::quant(float x_over_nothing, float s) -> OutT; Q::kMax is the format's largest magnitude (127, 448).
+// Q(x, s, r) -> OutT quantizes x / s (r = 1 / s, for the fast path); Q::kMax is the format's largest
+// magnitude (127, 448). Block per row: any row length.
 template <typename T, typename OutT, int V, typename Q>
 __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restrict__ x, OutT* __restrict__ q,
                                                                float* __restrict__ scales, int64_t cols, Q op,
@@ -65,6 +66,7 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
   if (any_nan) amax = __int_as_float(0x7fffffff);  // eager's amax propagates NaN; fmaxf drops it
   // s = clamp(amax, min=eps) / kMax, as eager computes it: a host-scalar divide is x * (1/kMax)
   const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);
+  const float r = 1.0f / s;
   if (threadIdx.x == 0) scales[row] = s;
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) {
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
     if (i < nvec) {
       Vec<OutT, V> o;
 #pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = op(__fdiv_rn(static_cast<float>(held[k].v[j]), s));
+      for (int j = 0; j < V; ++j) o.v[j] = op(static_cast<float>(held[k].v[j]), s, r);
       reinterpret_cast<Vec<OutT, V>*>(qr)[i] = o;
     }
   }
@@ -80,11 +82,62 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
     Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(xr)[i];
     Vec<OutT, V> o;
 #pragma unroll
-    for (int j = 0; j < V; ++j) o.v[j] = op(__fdiv_rn(static_cast<float>(v.v[j]), s));
+    for (int j = 0; j < V; ++j) o.v[j] = op(static_cast<float>(v.v[j]), s, r);
     reinterpret_cast<Vec<OutT, V>*>(qr)[i] = o;
   }
-  for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) qr[i] = op(__fdiv_rn(static_cast<float>(xr[i]), s));
+  for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) qr[i] = op(static_cast<float>(xr[i]), s, r);
 }
+
+// Warp per row, the row held in registers (up to 32 * NV vectors): no __syncthreads, NV independent
+// 16-byte loads in flight per lane. 8 rows per block.
+template <typename T, typename OutT, int V, int NV, typename Q>
+__global__ void __launch_bounds__(256) rowquant_warp_kernel(const T* __restrict__ x, OutT* __restrict__ q,
+                                                            float* __restrict__ scales, int64_t rows, int64_t cols,
+                                                            Q op, float eps) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;  // a whole warp leaves together
+  const int64_t nvec = cols / V;
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  Vec<T, V> held[NV];
+  float amax = 0.f;
+  bool has_nan = false;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i < nvec) held[k] = xr[i];
+  }
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    if (lane + 32 * k < nvec) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float a = fabsf(static_cast<float>(held[k].v[j]));
+        has_nan |= isnan(a);
+        amax = fmaxf(amax, a);
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (__any_sync(0xffffffffu, has_nan)) amax = __int_as_float(0x7fffffff);
+  const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);
+  const float r = 1.0f / s;
+  if (lane == 0) scales[row] = s;
+  Vec<OutT, V>* qr = reinterpret_cast<Vec<OutT, V>*>(q + row * cols);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i < nvec) {
+      Vec<OutT, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = op(static_cast<float>(held[k].v[j]), s, r);
+      qr[i] = o;
+    }
+  }
+}
+
+constexpr int kWarpRowVecs = 16;
 
 // x: [..., cols] contiguous; q: same shape (OutT storage); scales: [rows] fp32.
 template <typename T, typename OutT, typename Q>
@@ -96,7 +149,9 @@ void launch_rowquant(const T* x, OutT* q, float* scales, int64_t rows, int64_t c
   int threads = 32;
   while (threads < kRowThreads && int64_t(threads) * V < cols) threads *= 2;
   TORCH_CHECK(rows <= INT32_MAX, "fusekit: too many rows");
-  if (cols % V == 0 && aligned16(x)) {
+  if (cols % V == 0 && aligned16(x) && cols / V <= 32 * kWarpRowVecs) {
+    rowquant_warp_kernel<T, OutT, V, kWarpRowVecs><<<(rows + 7) / 8, 256, 0, stream>>>(x, q, scales, rows, cols, op, eps);
+  } else if (cols % V == 0 && aligned16(x)) {
     rowquant_kernel<T, OutT, V><<<rows, threads, 0, stream>>>(x, q, scales, cols, op, eps);
   } else {
     rowquant_kernel<T, OutT, 1><<<rows, threads, 0, stream>>>(x, q, scales, cols, op, eps);
