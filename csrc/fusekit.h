@@ -63,53 +63,57 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 template <typename T, typename Out>
 constexpr int vec_width() { return 16 / (sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out)); }
 
-constexpr int kUnroll = 4;  // vectors per thread per iteration: all loads issue before any math
+constexpr int kVecsPerThread = 2;  // independent 16-byte loads per thread and input, all issued first
 
 // out[i] = op({in[0][i], ..., in[N-1][i]}) over n elements. Bit k of ROW marks input k as a [cols] vector
-// broadcast along the last dimension (a bias). Vector loads when every pointer is aligned and cols is a
-// multiple of the vector width, then a scalar tail; any n (0, 1, odd) is correct.
+// broadcast along the last dimension (a bias). One-shot blocks (no grid-stride loop): the block scheduler
+// keeps the SMs full and every thread's loads are in flight together. Vector loads when every pointer is
+// aligned and cols is a multiple of the vector width; the < V leftover elements go to block 0.
 template <int N, int ROW, typename T, typename Out, int V, typename Op>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __restrict__ out,
                                                                const T* __restrict__ a, const T* __restrict__ b,
                                                                const T* __restrict__ c, int64_t n, int64_t cols) {
   const T* in[3] = {a, b, c};
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nvec = n / V, vcols = cols / V;
-  // each iteration covers kUnroll vectors per thread, strided by the grid so warps stay coalesced
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t base = tid; base < nvec; base += step * kUnroll) {
-    Vec<T, V> x[kUnroll][N];
+  const int64_t base = int64_t(blockIdx.x) * kVecsPerThread * kThreads + threadIdx.x;
+  Vec<T, V> x[kVecsPerThread][N];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * step;
-      if (i < nvec) {
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    const int64_t i = base + u * kThreads;
+    if (i < nvec) {
 #pragma unroll
-        for (int k = 0; k < N; ++k)
-          x[u][k] = reinterpret_cast<const Vec<T, V>*>(in[k])[(ROW >> k) & 1 ? i % vcols : i];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * step;
-      if (i < nvec) {
-        Vec<Out, V> o;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          T vals[N];
-#pragma unroll
-          for (int k = 0; k < N; ++k) vals[k] = x[u][k].v[j];
-          o.v[j] = op(vals);
-        }
-        reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
-      }
+      for (int k = 0; k < N; ++k)
+        x[u][k] = reinterpret_cast<const Vec<T, V>*>(in[k])[(ROW >> k) & 1 ? i % vcols : i];
     }
   }
-  for (int64_t i = nvec * V + tid; i < n; i += step) {
-    T vals[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) vals[k] = in[k][(ROW >> k) & 1 ? i % cols : i];
-    out[i] = op(vals);
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    const int64_t i = base + u * kThreads;
+    if (i < nvec) {
+      Vec<Out, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        T vals[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) vals[k] = x[u][k].v[j];
+        o.v[j] = op(vals);
+      }
+      reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
+    }
   }
+  if (blockIdx.x == 0) {
+    for (int64_t i = nvec * V + threadIdx.x; i < n; i += kThreads) {
+      T vals[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) vals[k] = in[k][(ROW >> k) & 1 ? i % cols : i];
+      out[i] = op(vals);
+    }
+  }
+}
+
+inline unsigned one_shot_blocks(int64_t units) {
+  const int64_t per_block = int64_t(kThreads) * kVecsPerThread;
+  return static_cast<unsigned>(std::max<int64_t>(1, (units + per_block - 1) / per_block));
 }
 
 // Launch `op` on the current stream over contiguous inputs of one dtype T (`cols` is the length of the
@@ -123,10 +127,9 @@ void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int
   bool vec = ok(out, sizeof(Vec<Out, V>)) && ok(a, sizeof(Vec<T, V>)) && (N < 2 || ok(b, sizeof(Vec<T, V>))) &&
              (N < 3 || ok(c, sizeof(Vec<T, V>))) && (ROW == 0 || cols % V == 0);
   if (vec) {
-    elementwise_kernel<N, ROW, T, Out, V>
-        <<<blocks_for(n / V / kUnroll + 1), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+    elementwise_kernel<N, ROW, T, Out, V><<<one_shot_blocks(n / V), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
   } else {
-    elementwise_kernel<N, ROW, T, Out, 1><<<blocks_for(n / kUnroll + 1), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+    elementwise_kernel<N, ROW, T, Out, 1><<<one_shot_blocks(n), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

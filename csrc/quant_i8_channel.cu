@@ -24,9 +24,9 @@ template <typename T, int V, bool PER_ROW>
 __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
                                                                  const float* __restrict__ zp, int8_t* __restrict__ q,
                                                                  int64_t n, int64_t cols, float qmin, float qmax) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t nvec = n / V;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one vector per thread, one-shot
+  if (i < nvec) {
     const Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(x)[i];
     Vec<int8_t, V> o;
     if constexpr (PER_ROW) {
@@ -88,9 +88,9 @@ at::Tensor quant_i8_channel_cuda(const at::Tensor& x, const at::Tensor& scale, c
                      reinterpret_cast<uintptr_t>(zpp) % (4 * V) == 0;
     const float lo = float(qmin), hi = float(qmax);
     if (vec && per_row)
-      quant_channel_kernel<scalar_t, V, true><<<blocks_for(n / V), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
+      quant_channel_kernel<scalar_t, V, true><<<(n / V + kThreads - 1) / kThreads, kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else if (vec)
-      quant_channel_kernel<scalar_t, V, false><<<blocks_for(n / V), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
+      quant_channel_kernel<scalar_t, V, false><<<(n / V + kThreads - 1) / kThreads, kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else if (per_row)
       quant_channel_scalar_kernel<scalar_t, true><<<blocks_for(n), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else
