@@ -63,6 +63,8 @@ def case_for(p, n: int) -> tuple:
 
 def compiled(p, backend: str):
     torch._dynamo.reset()
+    if backend == "fusekit":  # name the pattern, so rules that are off by default are measured too
+        backend = fusion_backend.backend(options={"patterns": [p.id]})
     return torch.compile(p.search_fn(), backend=backend, dynamic=False)
 
 
@@ -85,7 +87,7 @@ def run(patterns, dtypes, sizes, out: pathlib.Path) -> list[dict]:
             fk(*args)
         fused = sum(r.sites[p.id] for r in recs) > 0
         res = {"pattern": p.id, "dtype": str(dt)[6:], "numel": math.prod(case_for(p, n)), "bytes": moved,
-               "where": "L2" if hot else "HBM", "fused": fused}
+               "where": "L2" if hot else "HBM", "fused": fused, "default": p.cuda_default}
         for name, fn in (("copy", lambda: dst.copy_(src)), ("eager", lambda: p.eager(*args)),
                          ("inductor", lambda: ind(*args)), ("fusekit", lambda: fk(*args))):
             res[name], res[name + "_std"] = measure(fn, hot)
@@ -120,7 +122,8 @@ def markdown(rows: list[dict], head: dict, device: str) -> str:
     out = [f"# fusekit pattern benchmark\n\n{device}\n"]
     for pid in dict.fromkeys(r["pattern"] for r in rows):
         for dt in dict.fromkeys(r["dtype"] for r in rows if r["pattern"] == pid):
-            out.append(f"\n## {pid} ({dt})\n\nRAW EXECUTION TIME\n")
+            on = registry.by_id(pid).cuda_default
+            out.append(f"\n## {pid} ({dt}){'' if on else ' -- off by default on CUDA'}\n\nRAW EXECUTION TIME\n")
             out.append("| Memory | Data (MB) | # Elements | PyTorch (ms) | torch.compile (ms) | fusekit (ms) | "
                        "fusekit GB/s | % of copy |\n|---|---|---|---|---|---|---|---|")
             sel = [r for r in rows if r["pattern"] == pid and r["dtype"] == dt]

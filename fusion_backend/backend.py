@@ -39,9 +39,10 @@ def split_options(mode: str | None, options: Mapping[str, Any] | None):
     mode = mode or opt_mode
     patterns = opts.pop("patterns", None)
     disable = opts.pop("disable", ())
+    named = None if patterns is None else _as_names(patterns, "patterns")
     fk = FusekitOptions(
-        patterns=registry.select(None if patterns is None else _as_names(patterns, "patterns"),
-                                 _as_names(disable, "disable") if disable else ()),
+        patterns=registry.select(named, _as_names(disable, "disable") if disable else ()),
+        forced=registry.select(named) if named is not None else (),
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
     )

@@ -163,7 +163,11 @@ def _device_guard(p: "Pattern") -> Guard:
             return None if s.run.options.cpu_reference else \
                 "CPU tensors (fusekit runs CPU references only with options={'cpu_reference': True})"
         if dev.type == "cuda":
-            return _ext.missing_cuda_kernel(p.op, dev)
+            missing = _ext.missing_cuda_kernel(p.op, dev)
+            if missing is None and not p.cuda_default and p.id not in s.run.options.forced:
+                return ("off by default on CUDA: not faster than Inductor's kernel in the benchmark; "
+                        f"enable with options={{'patterns': ['{p.id}']}}")
+            return missing
         return f"device {dev.type} is not supported"
 
     return Guard("device", check)

@@ -30,6 +30,7 @@ _PKG = pathlib.Path(__file__).resolve().parent
 @dataclasses.dataclass(frozen=True)
 class FusekitOptions:
     patterns: tuple[str, ...]        # enabled pattern ids, in table order
+    forced: tuple[str, ...] = ()     # ids named in options["patterns"]: on even where not cuda_default
     cpu_reference: bool = False
     verify: bool = False
 

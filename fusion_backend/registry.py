@@ -58,6 +58,10 @@ class Pattern:
     trace_case: tuple = (2, 8)                # tiny shape used to trace the search pattern
     bad_layout: Callable[..., tuple] | None = None  # (dtype, device) -> inputs a layout guard rejects
     tol: Mapping[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=lambda: DEFAULT_TOL)
+    # Measured selection: False where benchmarks/bench_patterns.py shows the kernel is not faster than
+    # what Inductor generates for the same subgraph; such a rule fires on CUDA only when named in
+    # options["patterns"].
+    cuda_default: bool = True
 
     @property
     def family(self) -> str:

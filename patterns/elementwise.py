@@ -67,6 +67,7 @@ def _transposed(n: int):
 PATTERNS = [
     Pattern(
         "elementwise.gelu_mul_erf",  # gelu(g) * u: GeGLU MLPs (T5 v1.1, Gemma use the tanh form)
+        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
         reference=gelu_mul_ref, op="gelu_mul", static={"approximate": "none"}, inputs=_like(2),
         guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
         variants=(lambda g, u: u * F.gelu(g),), bad_layout=_transposed(2),
@@ -86,6 +87,7 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.bias_gelu_erf",  # gelu(x + b): the MLP up-projection epilogue (BERT; CUDA mm + add)
+        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
         reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "none"}, inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: F.gelu(b + x),),
@@ -93,6 +95,7 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.bias_gelu_tanh",  # gelu_tanh(x + b): GPT-2's MLP epilogue on CUDA (mm + add)
+        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
         reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "tanh"}, inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: F.gelu(b + x, approximate="tanh"),),
@@ -107,11 +110,13 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.gelu_erf",  # gelu(x), erf form: BERT's MLP after addmm (bias already in the GEMM)
+        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
         reference=gelu_ref, op="gelu", static={"approximate": "none"}, inputs=_like(1),
         guards=(G.contiguous("x"),), bad_layout=_transposed(1),
     ),
     Pattern(
         "elementwise.gelu_tanh",  # gelu(x, approximate="tanh"): GPT-2's gelu_new after addmm
+        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
         reference=gelu_ref, op="gelu", static={"approximate": "tanh"}, inputs=_like(1),
         guards=(G.contiguous("x"),), bad_layout=_transposed(1),
         variants=(lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))),),

@@ -132,10 +132,19 @@ def test_bad_direct_calls_raise_clear_errors(p, dtype):
 def test_compiled_on_cuda_fires_and_matches(p, dtype):
     import fusion_backend
 
-    args = p.make_args((64, 33), dtype, "cuda")
-    rep = fusion_backend.explain(p.search_fn(), *args)
+    args = p.make_args(p.cases[-1], dtype, "cuda")
+    rep = fusion_backend.explain(p.search_fn(), *args, options=None if p.cuda_default else {"patterns": [p.id]})
     assert rep.sites[p.id] == 1, str(rep)
     _check(p, args, rep.output)
+
+
+@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns() if not c.values[0].cuda_default][:1])
+def test_off_by_default_rules_do_not_fire_unless_named(p, dtype):
+    import fusion_backend
+
+    rep = fusion_backend.explain(p.search_fn(), *p.make_args(p.cases[-1], dtype, "cuda"))
+    assert rep.sites[p.id] == 0
+    assert any("off by default" in m.reason for m in rep.near_misses if m.pattern == p.id), str(rep)
 
 
 def test_reduce_overhead_cuda_graphs_with_fused_op():
