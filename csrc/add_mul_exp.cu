@@ -15,7 +15,7 @@ template <typename T>
 struct AddMulExp {
   ScalarArg c;
   __device__ T operator()(const T (&v)[2]) const {
-    return static_cast<T>(expf((static_cast<float>(v[0]) + static_cast<float>(v[1])) * c.get()));
+    return to<T>(expf((static_cast<float>(v[0]) + static_cast<float>(v[1])) * c.get()));
   }
 };
 

@@ -15,8 +15,8 @@ template <typename T, bool TANH>
 struct BiasGelu {
   __device__ T operator()(const T (&v)[2]) const {
     // eager rounds x + bias to T before the GELU
-    const float x = static_cast<float>(static_cast<T>(static_cast<float>(v[0]) + static_cast<float>(v[1])));
-    return static_cast<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
+    const float x = rnd<T>(static_cast<float>(v[0]) + static_cast<float>(v[1]));
+    return to<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
   }
 };
 

@@ -13,7 +13,7 @@ namespace {
 template <typename T>
 struct BiasRelu {
   __device__ T operator()(const T (&v)[2]) const {
-    return static_cast<T>(relu(static_cast<float>(static_cast<T>(static_cast<float>(v[0]) + static_cast<float>(v[1])))));
+    return to<T>(relu(rnd<T>(static_cast<float>(v[0]) + static_cast<float>(v[1]))));
   }
 };
 

@@ -15,7 +15,7 @@ template <typename Out>
 struct DequantI8 {
   ScalarArg scale, zp;
   __device__ Out operator()(const int8_t (&v)[1]) const {
-    return static_cast<Out>(__fmul_rn(__fsub_rn(static_cast<float>(v[0]), zp.get()), scale.get()));
+    return to<Out>(__fmul_rn(__fsub_rn(static_cast<float>(v[0]), zp.get()), scale.get()));
   }
 };
 

@@ -19,10 +19,9 @@ struct ToI8 {
   static constexpr float kMax = 127.0f;
   __device__ int8_t operator()(float x, float s, float r) const {
     float t = x * r;
-    if (fabsf(t - floorf(t) - 0.5f) < 1e-4f * fmaxf(1.0f, fabsf(t))) t = __fdiv_rn(x, s);
-    t = rintf(t);
-    if (!isnan(t)) t = fminf(fmaxf(t, -128.0f), 127.0f);
-    return static_cast<int8_t>(t);
+    if (fabsf(fabsf(t - rintf(t)) - 0.5f) < 1e-4f) t = __fdiv_rn(x, s);  // |t| <= 127: 2 ulp < 1e-4
+    // round half to even; NaN -> 0, as eager's float -> int8 cast; the clamp is eager's
+    return static_cast<int8_t>(max(-128, min(127, __float2int_rn(t))));
   }
 };
 

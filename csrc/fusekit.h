@@ -12,6 +12,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -133,6 +135,21 @@ void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
+
+// float -> T with the hardware round-to-nearest-even conversion (c10::BFloat16's own constructor rounds
+// in software, which made bf16 kernels instruction-bound), and the float value that rounding gives.
+template <typename T>
+__device__ __forceinline__ T to(float f) { return static_cast<T>(f); }
+template <>
+__device__ __forceinline__ c10::BFloat16 to<c10::BFloat16>(float f) {
+  return c10::BFloat16(__bfloat16_as_ushort(__float2bfloat16_rn(f)), c10::BFloat16::from_bits());
+}
+template <>
+__device__ __forceinline__ c10::Half to<c10::Half>(float f) {
+  return c10::Half(__half_as_ushort(__float2half_rn(f)), c10::Half::from_bits());
+}
+template <typename T>
+__device__ __forceinline__ float rnd(float f) { return static_cast<float>(to<T>(f)); }
 
 // Float math shared by the activation kernels (eager's formulas, evaluated in float32).
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }

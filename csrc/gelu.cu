@@ -14,7 +14,7 @@ template <typename T, bool TANH>
 struct Gelu {
   __device__ T operator()(const T (&v)[1]) const {
     const float x = static_cast<float>(v[0]);
-    return static_cast<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
+    return to<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
   }
 };
 

@@ -14,8 +14,8 @@ template <typename T, bool TANH>
 struct GeluMul {
   __device__ T operator()(const T (&v)[2]) const {
     const float g = static_cast<float>(v[0]);
-    const float a = static_cast<float>(static_cast<T>(TANH ? gelu_tanh(g) : gelu_erf(g)));
-    return static_cast<T>(a * static_cast<float>(v[1]));
+    const float a = rnd<T>(TANH ? gelu_tanh(g) : gelu_erf(g));
+    return to<T>(a * static_cast<float>(v[1]));
   }
 };
 

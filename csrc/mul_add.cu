@@ -13,7 +13,7 @@ namespace {
 template <typename T>
 struct MulAdd {
   __device__ T operator()(const T (&v)[3]) const {
-    return static_cast<T>(fmaf(static_cast<float>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2])));
+    return to<T>(fmaf(static_cast<float>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2])));
   }
 };
 

@@ -16,8 +16,8 @@ struct QuantFp8 {
   ScalarArg scale;
   __device__ uint8_t operator()(const T (&v)[1]) const {
     const float x = static_cast<float>(v[0]);
-    const float s = scale.ptr ? static_cast<float>(static_cast<T>(scale.get())) : scale.get();
-    float t = static_cast<float>(static_cast<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s)));
+    const float s = scale.ptr ? rnd<T>(scale.get()) : scale.get();
+    float t = rnd<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s));
     if (!isnan(t)) t = fminf(fmaxf(t, -448.0f), 448.0f);
     return to_e4m3(t);
   }

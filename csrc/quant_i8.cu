@@ -24,10 +24,10 @@ struct QuantI8 {
     const float x = static_cast<float>(v[0]);
     // A device tensor operand is first cast to x's dtype (TensorIterator's common dtype); a host scalar
     // is read as a float. Host scale: multiply by the float reciprocal, as eager does; device: divide.
-    const float s = scale.ptr ? static_cast<float>(static_cast<T>(scale.get())) : scale.get();
-    const float z = zp.ptr ? static_cast<float>(static_cast<T>(zp.get())) : zp.get();
-    float t = static_cast<float>(static_cast<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s)));
-    t = static_cast<float>(static_cast<T>(t + z));
+    const float s = scale.ptr ? rnd<T>(scale.get()) : scale.get();
+    const float z = zp.ptr ? rnd<T>(zp.get()) : zp.get();
+    float t = rnd<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s));
+    t = rnd<T>(t + z);
     t = rintf(t);
     if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);  // eager's clamp lets NaN through
     return static_cast<int8_t>(t);

@@ -21,6 +21,38 @@ __device__ __forceinline__ float block_max(float v) {
   return v;
 }
 
+// Running |x| maximum of one vector. Half and bfloat16 use packed abs/max (two elements an instruction,
+// exact: the maximum is one of the inputs); NaN is tracked separately because fmaxf drops it.
+template <typename T, int V>
+__device__ __forceinline__ void absmax_update(const Vec<T, V>& v, float& amax, bool& has_nan) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float a = fabsf(static_cast<float>(v.v[j]));
+    has_nan |= isnan(a);
+    amax = fmaxf(amax, a);
+  }
+}
+template <typename P, typename T, int V>
+__device__ __forceinline__ void absmax_packed(const Vec<T, V>& v, float& amax, bool& has_nan) {
+  const P* h = reinterpret_cast<const P*>(v.v);
+  P m = __habs2(h[0]);
+#pragma unroll
+  for (int j = 1; j < V / 2; ++j) m = __hmax2_nan(m, __habs2(h[j]));
+  const float lo = __low2float(m), hi = __high2float(m);
+  has_nan |= isnan(lo) || isnan(hi);
+  amax = fmaxf(amax, fmaxf(lo, hi));
+}
+template <int V>
+__device__ __forceinline__ void absmax_update(const Vec<c10::Half, V>& v, float& amax, bool& has_nan) {
+  if constexpr (V % 2 == 0) absmax_packed<__half2>(v, amax, has_nan);
+  else absmax_update<c10::Half, V>(v, amax, has_nan);
+}
+template <int V>
+__device__ __forceinline__ void absmax_update(const Vec<c10::BFloat16, V>& v, float& amax, bool& has_nan) {
+  if constexpr (V % 2 == 0) absmax_packed<__nv_bfloat162>(v, amax, has_nan);
+  else absmax_update<c10::BFloat16, V>(v, amax, has_nan);
+}
+
 // Q(x, s, r) -> OutT quantizes x / s (r = 1 / s, for the fast path); Q::kMax is the format's largest
 // magnitude (127, 448). Block per row: any row length.
 template <typename T, typename OutT, int V, typename Q>
@@ -39,22 +71,11 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
     const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
     if (i < nvec) {
       held[k] = reinterpret_cast<const Vec<T, V>*>(xr)[i];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float a = fabsf(static_cast<float>(held[k].v[j]));
-        has_nan |= isnan(a);
-        amax = fmaxf(amax, a);
-      }
+      absmax_update(held[k], amax, has_nan);
     }
   }
   for (int64_t i = threadIdx.x + int64_t(kRowVecs) * blockDim.x; i < nvec; i += blockDim.x) {
-    Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(xr)[i];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      float a = fabsf(static_cast<float>(v.v[j]));
-      has_nan |= isnan(a);
-      amax = fmaxf(amax, a);
-    }
+    absmax_update(reinterpret_cast<const Vec<T, V>*>(xr)[i], amax, has_nan);
   }
   for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) {
     float a = fabsf(static_cast<float>(xr[i]));

@@ -14,7 +14,7 @@ template <typename T>
 struct ScaleResidualAdd {
   ScalarArg scale;
   __device__ T operator()(const T (&v)[2]) const {
-    return static_cast<T>(fmaf(static_cast<float>(v[0]), scale.get(), static_cast<float>(v[1])));
+    return to<T>(fmaf(static_cast<float>(v[0]), scale.get(), static_cast<float>(v[1])));
   }
 };
 

@@ -13,8 +13,8 @@ namespace {
 template <typename T>
 struct SiluMul {
   __device__ T operator()(const T (&v)[2]) const {
-    const float s = static_cast<float>(static_cast<T>(silu(static_cast<float>(v[0]))));
-    return static_cast<T>(s * static_cast<float>(v[1]));
+    const float s = rnd<T>(silu(static_cast<float>(v[0])));
+    return to<T>(s * static_cast<float>(v[1]));
   }
 };
 
