@@ -87,7 +87,7 @@ def run(patterns, dtypes, sizes, out: pathlib.Path) -> list[dict]:
             fk(*args)
         fused = sum(r.sites[p.id] for r in recs) > 0
         res = {"pattern": p.id, "dtype": str(dt)[6:], "numel": math.prod(case_for(p, n)), "bytes": moved,
-               "where": "L2" if hot else "HBM", "fused": fused, "default": p.cuda_default}
+               "where": "L2" if hot else "HBM", "fused": fused, "default": p.on_by_default(dt)}
         for name, fn in (("copy", lambda: dst.copy_(src)), ("eager", lambda: p.eager(*args)),
                          ("inductor", lambda: ind(*args)), ("fusekit", lambda: fk(*args))):
             res[name], res[name + "_std"] = measure(fn, hot)
@@ -122,7 +122,7 @@ def markdown(rows: list[dict], head: dict, device: str) -> str:
     out = [f"# fusekit pattern benchmark\n\n{device}\n"]
     for pid in dict.fromkeys(r["pattern"] for r in rows):
         for dt in dict.fromkeys(r["dtype"] for r in rows if r["pattern"] == pid):
-            on = registry.by_id(pid).cuda_default
+            on = registry.by_id(pid).on_by_default(getattr(torch, dt))
             out.append(f"\n## {pid} ({dt}){'' if on else ' -- off by default on CUDA'}\n\nRAW EXECUTION TIME\n")
             out.append("| Memory | Data (MB) | # Elements | PyTorch (ms) | torch.compile (ms) | fusekit (ms) | "
                        "fusekit GB/s | % of copy |\n|---|---|---|---|---|---|---|---|")

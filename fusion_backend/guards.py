@@ -164,8 +164,9 @@ def _device_guard(p: "Pattern") -> Guard:
                 "CPU tensors (fusekit runs CPU references only with options={'cpu_reference': True})"
         if dev.type == "cuda":
             missing = _ext.missing_cuda_kernel(p.op, dev)
-            if missing is None and not p.cuda_default and p.id not in s.run.options.forced:
-                return ("off by default on CUDA: not faster than Inductor's kernel in the benchmark; "
+            dtype = s.tensor(tensors[0]).dtype
+            if missing is None and not p.on_by_default(dtype) and p.id not in s.run.options.forced:
+                return (f"off by default on CUDA in {dtype}: slower than Inductor's kernel in the benchmark; "
                         f"enable with options={{'patterns': ['{p.id}']}}")
             return missing
         return f"device {dev.type} is not supported"

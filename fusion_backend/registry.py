@@ -58,10 +58,14 @@ class Pattern:
     trace_case: tuple = (2, 8)                # tiny shape used to trace the search pattern
     bad_layout: Callable[..., tuple] | None = None  # (dtype, device) -> inputs a layout guard rejects
     tol: Mapping[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=lambda: DEFAULT_TOL)
-    # Measured selection: False where benchmarks/bench_patterns.py shows the kernel is not faster than
-    # what Inductor generates for the same subgraph; such a rule fires on CUDA only when named in
-    # options["patterns"].
-    cuda_default: bool = True
+    # Measured selection (benchmarks/results/): the dtypes in which the rule fires on CUDA by default,
+    # i.e. where the kernel measured no slower than Inductor's for the same subgraph (within the 2%
+    # run-to-run noise) at every benchmarked size. True = every dtype, False = none. Elsewhere it fires on
+    # CUDA only when named in options["patterns"].
+    cuda_default: bool | tuple[torch.dtype, ...] = True
+
+    def on_by_default(self, dtype: torch.dtype) -> bool:
+        return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)
 
     @property
     def family(self) -> str:

@@ -67,19 +67,21 @@ def _transposed(n: int):
 PATTERNS = [
     Pattern(
         "elementwise.gelu_mul_erf",  # gelu(g) * u: GeGLU MLPs (T5 v1.1, Gemma use the tanh form)
-        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
+        cuda_default=(torch.float32, torch.float16),  # measured: see benchmarks/results/h200.md
         reference=gelu_mul_ref, op="gelu_mul", static={"approximate": "none"}, inputs=_like(2),
         guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
         variants=(lambda g, u: u * F.gelu(g),), bad_layout=_transposed(2),
     ),
     Pattern(
         "elementwise.gelu_mul_tanh",  # gelu_tanh(g) * u: GeGLU, tanh form
+        cuda_default=(torch.float32, torch.float16),  # measured: see benchmarks/results/h200.md
         reference=gelu_mul_ref, op="gelu_mul", static={"approximate": "tanh"}, inputs=_like(2),
         guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
         variants=(lambda g, u: u * F.gelu(g, approximate="tanh"),), bad_layout=_transposed(2),
     ),
     Pattern(
         "elementwise.silu_mul",  # silu(g) * u: SwiGLU in Llama-style MLPs
+        cuda_default=(torch.float32,),  # measured: see benchmarks/results/h200.md
         reference=silu_mul_ref, op="silu_mul", inputs=_like(2),
         guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
         variants=(lambda g, u: u * F.silu(g), lambda g, u: g * torch.sigmoid(g) * u),
@@ -87,7 +89,7 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.bias_gelu_erf",  # gelu(x + b): the MLP up-projection epilogue (BERT; CUDA mm + add)
-        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
+        cuda_default=(torch.float32, torch.float16),  # measured: see benchmarks/results/h200.md
         reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "none"}, inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: F.gelu(b + x),),
@@ -95,7 +97,7 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.bias_gelu_tanh",  # gelu_tanh(x + b): GPT-2's MLP epilogue on CUDA (mm + add)
-        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
+        cuda_default=(torch.float32, torch.float16),  # measured: see benchmarks/results/h200.md
         reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "tanh"}, inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: F.gelu(b + x, approximate="tanh"),),
@@ -103,6 +105,7 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.bias_relu",  # relu(x + b): an MLP epilogue (CUDA mm + add)
+        cuda_default=False,  # measured: see benchmarks/results/h200.md
         reference=bias_relu_ref, op="bias_relu", inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: torch.relu(b + x), lambda x, b: (x + b).clamp_min(0)),
@@ -110,13 +113,13 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.gelu_erf",  # gelu(x), erf form: BERT's MLP after addmm (bias already in the GEMM)
-        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
+        cuda_default=(torch.float16, torch.bfloat16),  # measured: see benchmarks/results/h200.md
         reference=gelu_ref, op="gelu", static={"approximate": "none"}, inputs=_like(1),
         guards=(G.contiguous("x"),), bad_layout=_transposed(1),
     ),
     Pattern(
         "elementwise.gelu_tanh",  # gelu(x, approximate="tanh"): GPT-2's gelu_new after addmm
-        cuda_default=False,  # erf/tanh make it compute-bound; Inductor ties or wins (bench)
+        cuda_default=(torch.float16,),  # measured: see benchmarks/results/h200.md
         reference=gelu_ref, op="gelu", static={"approximate": "tanh"}, inputs=_like(1),
         guards=(G.contiguous("x"),), bad_layout=_transposed(1),
         variants=(lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))),),
@@ -131,6 +134,7 @@ PATTERNS = [
     ),
     Pattern(
         "elementwise.add_mul_exp",  # exp((x + y) * c): 3 kernels -> 1 (the user's kernel-fusion project)
+        cuda_default=(torch.float32,),  # measured: see benchmarks/results/h200.md
         reference=add_mul_exp_ref, op="add_mul_exp", inputs=_like(2, 0.5),
         guards=(G.same_shape("x", "y"), G.same_dtype("x", "y"), G.contiguous("x", "y")),
         variants=(lambda x, y, c: (y + x).mul(c).exp(),

@@ -66,18 +66,21 @@ def _channel_guards(per_row: bool):
 PATTERNS = [
     Pattern(
         "quantize.dyn_quant_i8",  # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
+        cuda_default=(torch.float16, torch.bfloat16),  # measured: see benchmarks/results/h200.md
         reference=dyn_quant_i8_ref, op="dyn_quant_i8", literals=("eps",),
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
     ),
     Pattern(
         "quantize.dyn_quant_fp8",  # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
+        cuda_default=False,  # measured: see benchmarks/results/h200.md
         reference=dyn_quant_fp8_ref, op="dyn_quant_fp8", literals=("eps",),
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
     ),
     Pattern(
         "quantize.quant_fp8",  # static per-tensor FP8 e4m3, saturating: 3 kernels -> 1
+        cuda_default=(torch.float32, torch.float16),  # measured: see benchmarks/results/h200.md
         reference=quant_fp8_ref, op="quant_fp8",
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 30.0),),  # |x / scale| beyond 448: saturates
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
@@ -85,6 +88,7 @@ PATTERNS = [
     ),
     Pattern(
         "quantize.quant_i8_per_col",  # per-channel INT8, one scale/zp per column (weights, per-channel acts)
+        cuda_default=False,  # measured: see benchmarks/results/h200.md
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=False),
         cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1,
@@ -92,6 +96,7 @@ PATTERNS = [
     ),
     Pattern(
         "quantize.quant_i8_per_row",  # per-channel INT8, one scale/zp per row
+        cuda_default=False,  # measured: see benchmarks/results/h200.md
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=True),
         cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1,
@@ -101,10 +106,12 @@ PATTERNS = [
         f"quantize.dequant_i8_{str(out)[6:]}",  # (q.float() - zp) * scale [-> half]: int8 -> float in one pass
         reference=dequant_i8_ref, op="dequant_i8", static={"dtype": out}, inputs=_int8,
         dtypes=(torch.int8,), guards=(G.contiguous("q"),), tol=EXACT,
+        cuda_default=out == torch.float32,  # measured: half outputs 2-5% behind Inductor at 20-50M
         bad_layout=lambda dt, dev: (torch.randint(-128, 128, (16, 8), device=dev, dtype=torch.int8).t(),),
     ) for out in (torch.float16, torch.bfloat16, torch.float32)],  # the bare float32 form is a prefix: last
     Pattern(
         "quantize.quant_i8",  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
+        cuda_default=(torch.float32, torch.float16),  # measured: see benchmarks/results/h200.md
         reference=quant_i8_ref, op="quant_i8",
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 4.0),),  # |x| up to ~16: exercises the clamp
         guards=(G.contiguous("x"), G.int8_range("qmin", "qmax")),

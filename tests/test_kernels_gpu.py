@@ -133,12 +133,12 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     import fusion_backend
 
     args = p.make_args(p.cases[-1], dtype, "cuda")
-    rep = fusion_backend.explain(p.search_fn(), *args, options=None if p.cuda_default else {"patterns": [p.id]})
+    rep = fusion_backend.explain(p.search_fn(), *args, options=None if p.on_by_default(dtype) else {"patterns": [p.id]})
     assert rep.sites[p.id] == 1, str(rep)
     _check(p, args, rep.output)
 
 
-@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns() if not c.values[0].cuda_default][:1])
+@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns() if not c.values[0].on_by_default(c.values[1])][:1])
 def test_off_by_default_rules_do_not_fire_unless_named(p, dtype):
     import fusion_backend
 
