@@ -185,6 +185,15 @@ def all_guards(p: "Pattern") -> tuple[Guard, ...]:
     return (_scalar_guard(p), _dtype_guard(p), _device_guard(p), *p.guards)
 
 
+def fits(p: "Pattern", match: pm.Match, run: Any) -> bool:
+    """Whether the match's arguments and dtype are ones the rule takes (its first two guards)."""
+    site = Site(match, run)
+    try:
+        return all(g.check(site) is None for g in all_guards(p)[:2])
+    except Exception:  # noqa: BLE001 - a relaxed match can bind odd things; then it is no near miss
+        return False
+
+
 def guard_fn(p: "Pattern") -> Callable[[pm.Match], bool]:
     """The `extra_check` of every entry of `p`: all guards pass, or the first failure is recorded."""
     def extra_check(match: pm.Match) -> bool:

@@ -19,7 +19,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import is_match
 
-from . import _ext, registry
+from . import _ext, guards, registry
 from .guards import SiteFailure
 from .stats import PassRun, describe, new_record, publish, running
 
@@ -101,7 +101,9 @@ def registry_error(pattern: str, exc: BaseException, site: str = "<graph>") -> A
 
 def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
     """Sites that match a pattern's shape but were not rewritten because an intermediate value has
-    another user (guard failures were recorded when the guard ran)."""
+    another user (guard failures were recorded when the guard ran). Only sites whose arguments and dtype
+    fit the rule count: a float LayerNorm that looks like a dequantize is not a near miss."""
+    pattern = registry.by_id(pid)
     for expr in registry.compiled(pid).relaxed:
         for node in [n for n in graph.nodes if n.op == "call_function" and n.target in expr.fns]:
             m = expr.match(node)
@@ -109,7 +111,7 @@ def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
                 continue
             inside = set(m.nodes)
             shared = [n for n in m.nodes if n is not node and any(u not in inside for u in n.users)]
-            if shared:
+            if shared and guards.fits(pattern, m, run):
                 names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
                 run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
 

@@ -176,7 +176,8 @@ def test_verify_passes_on_correct_kernels_and_names_the_bad_site(monkeypatch):
         return torch.exp((x + y) * c) + 1.0
 
     wrong = dataclasses.replace(p, reference=wrong_ref)
-    monkeypatch.setattr(V.registry, "by_id", lambda pid: wrong if pid == p.id else registry.by_id(pid))
+    by_id = registry.by_id
+    monkeypatch.setattr(V.registry, "by_id", lambda pid: wrong if pid == p.id else by_id(pid))
     with pytest.raises(Exception, match=r"pattern 'elementwise.add_mul_exp' at site 'graph \d+: exp \(test_backend.py:\d+ in f_exp\)'.*exceeds atol"):
         explain(f_exp, x * 3, y, verify=True)
 

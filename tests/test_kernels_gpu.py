@@ -154,7 +154,9 @@ def test_reduce_overhead_cuda_graphs_with_fused_op():
         pytest.skip("no kernel")
     x, y = torch.randn(1024, 1024, device="cuda", dtype=torch.half), torch.randn(1024, 1024, device="cuda",
                                                                                 dtype=torch.half)
-    f = torch.compile(lambda a, b: torch.exp((a + b) * 2), backend="fusekit", mode="reduce-overhead")
+    # torch.compile takes mode or options, not both: fusekit's options carry the mode too
+    f = torch.compile(lambda a, b: torch.exp((a + b) * 2), backend="fusekit",
+                      options={"mode": "reduce-overhead", "patterns": [p.id]})
     for _ in range(3):
         out = f(x, y)
     _check(p, [x, y, 2.0], out.clone())
