@@ -18,14 +18,7 @@ struct BiasRelu {
 };
 
 at::Tensor bias_relu_cuda(const at::Tensor& x, const at::Tensor& bias) {
-  FK_CHECK_CUDA(x);
-  FK_CHECK_FLOATING(x);
-  FK_CHECK_CONTIGUOUS(x);
-  FK_CHECK_CONTIGUOUS(bias);
-  TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1) &&
-                  bias.scalar_type() == x.scalar_type() && bias.device() == x.device(),
-              "fusekit: bias must be [x.shape[-1]] with x's dtype and device; got x ", describe(x),
-              ", bias ", describe(bias));
+  check_bias(x, bias);
   c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_relu", [&] {

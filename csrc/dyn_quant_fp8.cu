@@ -28,22 +28,7 @@ struct ToE4M3 {
 };
 
 std::tuple<at::Tensor, at::Tensor> dyn_quant_fp8_cuda(const at::Tensor& x, double eps) {
-  FK_CHECK_CUDA(x);
-  FK_CHECK_FLOATING(x);
-  FK_CHECK_CONTIGUOUS(x);
-  TORCH_CHECK(x.dim() >= 1, "fusekit: dyn_quant_fp8 needs x with at least one dimension");
-  c10::cuda::CUDAGuard guard(x.device());
-  const float e = static_cast<float>(eps);
-  auto q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
-  auto sizes = x.sizes().vec();
-  sizes.back() = 1;
-  auto s = at::empty(sizes, x.options().dtype(at::kFloat));
-  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dyn_quant_fp8", [&] {
-    launch_rowquant(x.data_ptr<scalar_t>(), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr<float>(), rows,
-                    cols, ToE4M3{}, e);
-  });
-  return {q, s};
+  return dyn_quant(x, eps, at::kFloat8_e4m3fn, ToE4M3{});
 }
 
 }  // namespace

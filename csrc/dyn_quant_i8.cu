@@ -29,21 +29,7 @@ struct ToI8 {
 };
 
 std::tuple<at::Tensor, at::Tensor> dyn_quant_i8_cuda(const at::Tensor& x, double eps) {
-  FK_CHECK_CUDA(x);
-  FK_CHECK_FLOATING(x);
-  FK_CHECK_CONTIGUOUS(x);
-  TORCH_CHECK(x.dim() >= 1, "fusekit: dyn_quant_i8 needs x with at least one dimension");
-  c10::cuda::CUDAGuard guard(x.device());
-  const float e = static_cast<float>(eps);
-  auto q = at::empty(x.sizes(), x.options().dtype(at::kChar));
-  auto sizes = x.sizes().vec();
-  sizes.back() = 1;
-  auto s = at::empty(sizes, x.options().dtype(at::kFloat));
-  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dyn_quant_i8", [&] {
-    launch_rowquant(x.data_ptr<scalar_t>(), q.data_ptr<int8_t>(), s.data_ptr<float>(), rows, cols, ToI8{}, e);
-  });
-  return {q, s};
+  return dyn_quant(x, eps, at::kChar, ToI8{});
 }
 
 }  // namespace

@@ -43,6 +43,18 @@ inline std::string describe(const at::Tensor& t) {
   return s + "] " + c10::toString(t.scalar_type()) + " " + t.device().str();
 }
 
+// x [..., N] and a bias [N] of x's dtype and device, both contiguous (the bias-epilogue ops).
+inline void check_bias(const at::Tensor& x, const at::Tensor& bias) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  FK_CHECK_CONTIGUOUS(bias);
+  TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1) &&
+                  bias.scalar_type() == x.scalar_type() && bias.device() == x.device(),
+              "fusekit: bias must be [x.shape[-1]] with x's dtype and device; got x ", describe(x),
+              ", bias ", describe(bias));
+}
+
 constexpr int kThreads = 256;
 
 template <typename T, int V>

@@ -131,4 +131,25 @@ void launch_rowquant(const T* x, OutT* q, float* scales, int64_t rows, int64_t c
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The host side of a dynamic per-row quantizer: checks, outputs (q in `qdtype`, fp32 scales [..., 1]).
+template <typename Q>
+std::tuple<at::Tensor, at::Tensor> dyn_quant(const at::Tensor& x, double eps, at::ScalarType qdtype, Q op) {
+  FK_CHECK_CUDA(x);
+  FK_CHECK_FLOATING(x);
+  FK_CHECK_CONTIGUOUS(x);
+  TORCH_CHECK(x.dim() >= 1, "fusekit: dynamic quantization needs x with at least one dimension");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto q = at::empty(x.sizes(), x.options().dtype(qdtype));
+  auto sizes = x.sizes().vec();
+  sizes.back() = 1;
+  auto s = at::empty(sizes, x.options().dtype(at::kFloat));
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  using OutT = decltype(op(0.f, 1.f, 1.f));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dyn_quant", [&] {
+    launch_rowquant(x.data_ptr<scalar_t>(), reinterpret_cast<OutT*>(q.data_ptr()), s.data_ptr<float>(), rows, cols,
+                    op, static_cast<float>(eps));
+  });
+  return {q, s};
+}
+
 }  // namespace fusekit

@@ -153,7 +153,7 @@ def _(x, eps):
 
 @torch.library.register_fake("fusekit::quant_i8")
 def _(x, scale, zp, qmin, qmax, *, scale_t=None, zp_t=None):
-    torch._check(-128 <= qmin <= qmax <= 127, lambda: f"quant_i8: need -128 <= qmin <= qmax <= 127")
+    torch._check(-128 <= qmin <= qmax <= 127, lambda: "quant_i8: need -128 <= qmin <= qmax <= 127")
     return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
 
 

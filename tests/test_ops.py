@@ -1,6 +1,5 @@
 """torch.library.opcheck for every fusekit op (schema, fake, AOT dispatch), on CPU and, where the
 extension is built, on CUDA; plus the ops' contract against their references."""
-import inspect
 
 import pytest
 import torch
