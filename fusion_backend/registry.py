@@ -46,7 +46,6 @@ class Pattern:
     reference: Callable[..., Any]             # unfused eager code; its signature is the op's signature
     op: str                                   # name of torch.ops.fusekit.<op>
     inputs: Callable[[tuple, torch.dtype, Any], tuple]  # (case, dtype, device) -> tensor arguments
-    doc: str = ""                             # what it fuses; where it was seen
     dtypes: tuple[torch.dtype, ...] = FLOATS  # dtype of the first tensor argument
     guards: tuple[G.Guard, ...] = ()          # shape/stride/contiguity guards beyond dtype/device/scalars
     static: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # non-tensor params fixed per rule
@@ -66,10 +65,6 @@ class Pattern:
 
     def on_by_default(self, dtype: torch.dtype) -> bool:
         return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)
-
-    @property
-    def family(self) -> str:
-        return self.id.split(".", 1)[0]
 
     @functools.cached_property
     def params(self) -> list[tuple[str, str]]:
