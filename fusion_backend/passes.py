@@ -21,7 +21,7 @@ from torch._inductor.pattern_matcher import is_match
 
 from . import _ext, guards, registry
 from .guards import SiteFailure
-from .stats import PassRun, describe, new_record, publish, running
+from .stats import NearMiss, PassRun, new_record, publish, running
 
 log = logging.getLogger("fusion_backend")
 _PKG = pathlib.Path(__file__).resolve().parent
@@ -63,7 +63,7 @@ class FusekitPass(CustomGraphPass):
         try:
             self._rewrite(graph, record)
         except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
-            record.errors.append(registry_error("<pass>", exc))
+            record.errors.append(NearMiss.from_exc("<pass>", None, exc))
         record.left_to_inductor = _count(graph, fusekit=False)
         record.graph_code = str(graph)
         publish(record)
@@ -73,6 +73,7 @@ class FusekitPass(CustomGraphPass):
 
     def _rewrite(self, graph: torch.fx.Graph, record: Any) -> None:
         skip: set[str] = set()
+        dtypes = registry.graph_dtypes(graph)  # what to trace rules for, found once for all rules
         while True:  # a failed rewrite restores the graph and retries without that pattern
             backup = _snapshot(graph)
             run = PassRun(self.options, record)
@@ -80,7 +81,7 @@ class FusekitPass(CustomGraphPass):
                 with running(run):
                     for pid in self.options.patterns:
                         if pid not in skip:
-                            registry.compiled(pid).apply(graph)
+                            registry.compiled(pid).apply(graph, dtypes)
                             _explain_misses(graph, run, pid)  # before later rules take the nodes
                 return
             except SiteFailure as f:
@@ -89,14 +90,8 @@ class FusekitPass(CustomGraphPass):
                 record.nodes_replaced.clear()
                 record.fused_sites.clear()
                 record.near_misses.clear()
-                record.errors.append(registry_error(f.pattern, f.exc, describe(f.node)))
+                record.errors.append(NearMiss.from_exc(f.pattern, f.node, f.exc))
                 skip.add(f.pattern)
-
-
-def registry_error(pattern: str, exc: BaseException, site: str = "<graph>") -> Any:
-    from .stats import NearMiss
-
-    return NearMiss(pattern, site, f"{type(exc).__name__}: {exc}")
 
 
 def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
@@ -105,7 +100,8 @@ def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
     fit the rule count: a float LayerNorm that looks like a dequantize is not a near miss."""
     pattern = registry.by_id(pid)
     for expr in registry.compiled(pid).relaxed:
-        for node in [n for n in graph.nodes if n.op == "call_function" and n.target in expr.fns]:
+        anchors = [n for fn in dict.fromkeys(expr.fns) for n in graph.find_nodes(op="call_function", target=fn)]
+        for node in anchors:
             m = expr.match(node)
             if not is_match(m):
                 continue

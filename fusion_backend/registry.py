@@ -234,7 +234,6 @@ class Compiled:
     def __init__(self, pattern: Pattern) -> None:
         self.pattern = pattern
         self.pass_ = pm.PatternMatcherPass(pass_name=f"fusekit:{pattern.id}")
-        self.exprs: list[Any] = []
         self.relaxed: list[Any] = []  # one-user constraint dropped: explains reused intermediates
         self._done: set[tuple[torch.dtype, str]] = set()
         self._seen: set[str] = set()
@@ -247,6 +246,7 @@ class Compiled:
             return
         self._done.add((dtype, device))
         p = self.pattern
+        search, replace, check, dummies = p.search_fn(), _replacement_fn(p), G.guard_fn(p), _dummy_scalars(p)
         for fn in (None, *p.variants):
             tensors = list(p.inputs(p.trace_case, dtype, device))
             for expr in _commuted(trace_search_pattern(p, dtype, device, fn)):
@@ -254,21 +254,21 @@ class Compiled:
                 if key in self._seen:
                     continue
                 self._seen.add(key)
-                self.exprs.append(expr)
-                pm.register_replacement(p.search_fn(), _replacement_fn(p), tensors, pm.fwd_only,
-                                        [self.pass_], extra_check=G.guard_fn(p),
-                                        scalar_workaround=_dummy_scalars(p), search_fn_pattern=expr,
-                                        skip_duplicates=True)
+                pm.register_replacement(search, replace, tensors, pm.fwd_only, [self.pass_],
+                                        extra_check=check, scalar_workaround=dummies,
+                                        search_fn_pattern=expr, skip_duplicates=True)
                 r = _relaxed(expr)
-                if pm.PatternPrettyPrinter.run(r) not in self._seen_relaxed:
-                    self._seen_relaxed.add(pm.PatternPrettyPrinter.run(r))
+                key = pm.PatternPrettyPrinter.run(r)
+                if key not in self._seen_relaxed:
+                    self._seen_relaxed.add(key)
                     self.relaxed.append(r)
         G.harden_entries(p, self.pass_)
         for entries in self.pass_.patterns.values():  # longest match first: an fp16 rule that includes
             entries.sort(key=lambda e: -_size(e.pattern))  # the upcast beats the fp32 rule after it
 
-    def apply(self, graph: torch.fx.Graph) -> int:
-        for dtype, device in graph_dtypes(graph):
+    def apply(self, graph: torch.fx.Graph, dtypes: set[tuple[torch.dtype, str]]) -> int:
+        """Run the rule over `graph`; `dtypes` is `graph_dtypes(graph)`, computed once per pass."""
+        for dtype, device in dtypes:
             self.ensure(dtype, device)
         return self.pass_.apply(graph)
 

@@ -21,6 +21,11 @@ class NearMiss:
     site: str
     reason: str
 
+    @classmethod
+    def from_exc(cls, pattern: str, node: torch.fx.Node | None, exc: BaseException) -> "NearMiss":
+        """A skipped site (or graph, for node None) and the exception that skipped it."""
+        return cls(pattern, describe(node) if node is not None else "<graph>", f"{type(exc).__name__}: {exc}")
+
 
 @dataclasses.dataclass
 class GraphRecord:
@@ -51,8 +56,7 @@ class PassRun:
             self.record.near_misses.append(NearMiss(pattern, describe(node), reason))
 
     def error(self, pattern: str, node: torch.fx.Node | None, exc: BaseException) -> None:
-        site = describe(node) if node is not None else "<graph>"
-        self.record.errors.append(NearMiss(pattern, site, f"{type(exc).__name__}: {exc}"))
+        self.record.errors.append(NearMiss.from_exc(pattern, node, exc))
 
 
 _ACTIVE: contextvars.ContextVar[PassRun | None] = contextvars.ContextVar("fusekit_run", default=None)
