@@ -177,7 +177,8 @@ def main() -> None:
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ids = registry.select(a.patterns.split(",") if a.patterns else None)
-    pats = [registry.by_id(i) for i in ids if not _ext.missing_cuda_kernel(registry.by_id(i).op, torch.device("cuda"))]
+    pats = [registry.by_id(i) for i in ids if not _ext.missing_cuda_kernel(registry.by_id(i).op, torch.device("cuda"))
+            and registry.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
     dtypes = {getattr(torch, d) for d in a.dtypes.split(",")}
     device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     print(f"{device}: {len(pats)} patterns", flush=True)

@@ -55,9 +55,15 @@ def contiguous(*names: str) -> Guard:
 
 
 def same_shape(*names: str) -> Guard:
+    """Provably one shape (symbolic sizes included: SymInts are compared, never hashed)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
     def check(s: Site) -> str | None:
         shapes = {n: tuple(s.tensor(n).shape) for n in names}
-        return None if len(set(shapes.values())) == 1 else f"shapes differ: {shapes}"
+        first = shapes[names[0]]
+        if all(len(v) == len(first) and all(known(a == b) for a, b in zip(v, first)) for v in shapes.values()):
+            return None
+        return f"shapes differ: {shapes}"
 
     return Guard(f"same_shape({', '.join(names)})", check)
 
@@ -95,7 +101,10 @@ def channel_params(x: str, *names: str, per_row: bool) -> Guard:
         xs = tuple(s.tensor(x).shape)
         shapes = {n: tuple(s.tensor(n).shape) for n in names}
         want = ((xs[0], 1) if per_row else (xs[-1],)) if xs else None
-        if len(xs) == 2 and set(shapes.values()) == {want}:
+        from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+        if len(xs) == 2 and all(len(v) == len(want) and all(known(a == b) for a, b in zip(v, want))
+                                for v in shapes.values()):
             return None
         return f"{x} {xs} with {shapes}: want all {'[M, 1]' if per_row else '[N]'}"
 
@@ -116,6 +125,42 @@ def int8_range(lo: str, hi: str) -> Guard:
         return None if -128 <= a <= b <= 127 else f"[{a}, {b}] is not inside [-128, 127]"
 
     return Guard(f"int8_range({lo}, {hi})", check)
+
+
+def attention_inputs(q: str, k: str, v: str, mask: str | None = None) -> Guard:
+    """q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,D] with D % 8 == 0 and D <= 256 and unit last-dim stride
+    (what PyTorch's fused SDPA kernels take); a mask is bool or q's dtype and broadcasts to
+    [B,H,Sq,Sk]. Sizes must be provably equal (symbolic sizes too)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    def check(s: Site) -> str | None:
+        tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
+        if not (tq.dim() == tk.dim() == tv.dim() == 4):
+            return f"{q}, {k}, {v} must be 4-D [B, H, S, D]: {tq.dim()}, {tk.dim()}, {tv.dim()} dims"
+        if not (tq.dtype == tk.dtype == tv.dtype):
+            return f"dtypes differ: {tq.dtype}, {tk.dtype}, {tv.dtype}"
+        same = [(tq.shape[0], tk.shape[0]), (tq.shape[0], tv.shape[0]), (tq.shape[1], tk.shape[1]),
+                (tq.shape[1], tv.shape[1]), (tk.shape[2], tv.shape[2]), (tq.shape[3], tk.shape[3]),
+                (tq.shape[3], tv.shape[3])]
+        if not all(known(a == b) for a, b in same):
+            return (f"shapes do not line up as [B,H,Sq,D], [B,H,Sk,D], [B,H,Sk,D]: {tuple(tq.shape)}, "
+                    f"{tuple(tk.shape)}, {tuple(tv.shape)}")
+        d = tq.shape[3]
+        if not (known(d % 8 == 0) and known(d <= 256) and known(d > 0)):
+            return f"head dim {d} is not a multiple of 8 in [8, 256]"
+        if not all(known(t.stride(-1) == 1) for t in (tq, tk, tv)):
+            return f"last-dim stride is not 1: {tq.stride()}, {tk.stride()}, {tv.stride()}"
+        if mask is not None:
+            m = s.tensor(mask)
+            if m.dtype not in (torch.bool, tq.dtype):
+                return f"{mask} is {m.dtype}; want bool or {tq.dtype}"
+            full = (tq.shape[0], tq.shape[1], tq.shape[2], tk.shape[2])
+            if m.dim() > 4 or not all(known(a == 1) or known(a == b)
+                                      for a, b in zip(reversed(m.shape), reversed(full))):
+                return f"{mask} {tuple(m.shape)} does not broadcast to [B,H,Sq,Sk] {full}"
+        return None
+
+    return Guard(f"attention_inputs({q}, {k}, {v}{', ' + mask if mask else ''})", check)
 
 
 # ---- guards every pattern gets --------------------------------------------------------------------

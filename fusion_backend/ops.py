@@ -51,13 +51,18 @@ SCHEMAS = {
         "bmm_scale_bias_gelu(Tensor a, Tensor b, float scale, Tensor bias, str approximate, *, "
         "Tensor? scale_t=None) -> Tensor"
     ),
+    # attention: softmax(q @ k^T * scale + mask) @ v; safe=True zeroes fully masked rows (SDPA's math
+    # backend), safe=False leaves them NaN (a plain softmax)
+    "attention": "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool safe) -> Tensor",
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": (
         "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
     ),
 }
-for _schema in SCHEMAS.values():
-    LIB.define(_schema, tags=_TAGS)
+# Ops that take any strides (their kernels read strided inputs): no copies forced before them.
+ANY_STRIDES = {"attention"}
+for _name, _schema in SCHEMAS.items():
+    LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
 
 
 def _same(x: Tensor) -> Tensor:
@@ -162,6 +167,16 @@ def _(a, b, scale, bias, approximate, *, scale_t=None):
     torch._check(a.dim() == 3 and b.dim() == 3 and a.shape[2] == b.shape[1],
                  lambda: f"bmm_scale_bias_gelu: bad shapes {tuple(a.shape)} @ {tuple(b.shape)}")
     return a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+
+
+@torch.library.register_fake("fusekit::attention")
+def _(q, k, v, mask, scale, safe):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+                 lambda: f"attention: q, k, v must be 4-D, got {q.dim()}, {k.dim()}, {v.dim()}")
+    torch._check(q.shape[-1] == v.shape[-1], lambda: "attention: q and v head dims differ")
+    # q's layout (a head-transposed q gives a head-transposed output, which the model's
+    # transpose + reshape back to [B, S, H*D] then reads as a view)
+    return torch.empty_like(q)
 
 
 @torch.library.register_fake("fusekit::verify")

@@ -16,13 +16,16 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import math
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 from torch._inductor import pattern_matcher as pm
 
 from . import guards as G
+from . import ops
 from .stats import active_run
 
 aten = torch.ops.aten
@@ -62,6 +65,16 @@ class Pattern:
     # run-to-run noise) at every benchmarked size. True = every dtype, False = none. Elsewhere it fires on
     # CUDA only when named in options["patterns"].
     cuda_default: bool | tuple[torch.dtype, ...] = True
+    # How the search pattern is traced. "fwd_only": make_fx through Inductor's decompositions (enough for
+    # elementwise chains). "inductor": the graph Inductor itself hands to its post-grad pass (its
+    # view_to_reshape/clone/noop passes applied, SDPA on its math backend), so the rule tracks exactly
+    # what Inductor emits; view/expand sizes are wildcards and every expand->reshape may carry the clone
+    # that a non-contiguous input gets.
+    trace: str = "fwd_only"
+    bad_reason: str = "contiguous"            # what the failing guard of `bad_layout` says
+    # Same-dtype eager computation whose float64 error bounds the kernel's (default: the reference).
+    baseline: Callable[..., Any] | None = None
+    gpu_cases: tuple[tuple, ...] | None = None  # GPU kernel-test cases, where `inputs` is not (n,)-sized
 
     def on_by_default(self, dtype: torch.dtype) -> bool:
         return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)
@@ -137,8 +150,9 @@ def call_op(pattern: Pattern, args: Sequence[Any]) -> Any:
     return op_overload(pattern.op)(*call_args, **call_kwargs)
 
 
-def _replacement_fn(pattern: Pattern) -> Callable[..., Any]:
+def _replacement_fn(pattern: Pattern, inverse: Mapping[str, Callable[[Any], Any]] = {}) -> Callable[..., Any]:
     def replace(*args: Any) -> Any:
+        args = [inverse[n](a) if n in inverse else a for n, a in zip(pattern.arg_names, args)]
         out = call_op(pattern, args)
         run = active_run()
         if run is not None and run.options.verify:
@@ -168,20 +182,52 @@ def _dummy_scalars(pattern: Pattern) -> dict[str, float | int]:
     return out
 
 
+def _dag_variants(expr: Any, is_site: Callable[[Any], bool],
+                  rewrite: Callable[[Any, list[Any]], Any]) -> list[Any]:
+    """Every variant of the pattern DAG `expr` where each node with `is_site` is rewritten or not. A node
+    shared by several users (one PatternExpr object) is rewritten consistently, once."""
+    roots = list(expr.outputs) if isinstance(expr, pm.MultiOutputPattern) else [expr]
+    sites: list[Any] = []
+    seen: set[int] = set()
+
+    def find(e: Any) -> None:
+        if not isinstance(e, pm.CallFunction) or id(e) in seen:
+            return
+        seen.add(id(e))
+        for a in (*e.args, *e.kwargs.values()):
+            find(a)
+        if is_site(e):
+            sites.append(e)
+
+    for r in roots:
+        find(r)
+    out = []
+    for chosen in itertools.product((False, True), repeat=len(sites)):
+        picked = {id(x) for x, c in zip(sites, chosen) if c}
+        memo: dict[int, Any] = {}
+
+        def rebuild(e: Any) -> Any:
+            if not isinstance(e, pm.CallFunction):
+                return e
+            if id(e) not in memo:
+                args = [rebuild(a) for a in e.args]
+                kwargs = {k: rebuild(v) for k, v in e.kwargs.items()}
+                memo[id(e)] = (rewrite(e, args) if id(e) in picked
+                               else pm.CallFunction(e.fns, *args, _users=e.users, **kwargs))
+            return memo[id(e)]
+
+        new = [rebuild(r) for r in roots]
+        out.append(pm.MultiOutputPattern(new) if isinstance(expr, pm.MultiOutputPattern) else new[0])
+    return out
+
+
 def _commuted(expr: Any) -> list[Any]:
     """Every variant of `expr` with operands of commutative aten ops swapped."""
-    if isinstance(expr, pm.MultiOutputPattern):
-        return [pm.MultiOutputPattern(list(o)) for o in itertools.product(*map(_commuted, expr.outputs))]
-    if not isinstance(expr, pm.CallFunction):
-        return [expr]
-    arg_variants = [_commuted(a) for a in expr.args]
-    swappable = (len(expr.args) == 2 and set(expr.fns) & _COMMUTATIVE
-                 and all(isinstance(a, pm.PatternExpr) for a in expr.args))
-    out = []
-    for args in itertools.product(*arg_variants):
-        orders = [args, args[::-1]] if swappable else [args]
-        out += [pm.CallFunction(expr.fns, *o, _users=expr.users, **expr.kwargs) for o in orders]
-    return out
+    return _dag_variants(
+        expr,
+        lambda e: (len(e.args) == 2 and bool(set(e.fns) & _COMMUTATIVE)
+                   and all(isinstance(a, pm.PatternExpr) for a in e.args)),
+        lambda e, args: pm.CallFunction(e.fns, *args[::-1], _users=e.users, **e.kwargs))
 
 
 def _relaxed(expr: Any) -> Any:
@@ -212,19 +258,154 @@ def _keyword_names(expr: Any) -> set[str]:
     return set()
 
 
+# A decomposition may hold a float parameter s as sqrt(s) (SDPA's math backend scales q and k by
+# sqrt(scale)) or 1/s (x / d); the rule then binds that literal and the replacement inverts it.
+_SCALAR_FORMS: tuple[tuple[Callable[[float], float], Callable[[Any], Any]], ...] = (
+    (lambda d: d, lambda x: x),
+    (math.sqrt, lambda x: x * x),
+    (lambda d: 1.0 / d, lambda x: 1.0 / x),
+)
+
+
 def trace_search_pattern(pattern: Pattern, dtype: torch.dtype, device: Any,
                          fn: Callable[..., Any] | None = None) -> Any:
     """The exact PatternExpr of `fn` (default: the reference), traced like Inductor's own graphs."""
+    return trace_search_pattern_and_forms(pattern, dtype, device, fn)[0]
+
+
+def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device: Any,
+                                   fn: Callable[..., Any] | None = None
+                                   ) -> tuple[Any, dict[str, Callable[[Any], Any]]]:
+    """(PatternExpr, {param: inverse}) where a parameter appears transformed in the traced graph."""
     dummies = _dummy_scalars(pattern)
     tensors = iter(pattern.inputs(pattern.trace_case, dtype, device))
     args = [next(tensors) if k == "tensor" else dummies[n] for n, k in pattern.params if k != "static"]
-    gm = pm.fwd_only(fn or pattern.search_fn(), args)
-    expr = pm.fx_to_pattern(gm, argnames=pattern.arg_names, scalar_workaround=dummies)
+    fn = fn or pattern.search_fn()
+    if pattern.trace == "inductor":
+        names = [n for n, k in pattern.params if k == "tensor"]
+        bound = dict(zip(pattern.arg_names, args))
+        gm = post_grad_graph(_with_signature(
+            lambda *t: fn(*[(bound | dict(zip(names, t)))[n] for n in pattern.arg_names]), names),
+                             [bound[n] for n in names])
+        argnames = names
+    else:
+        gm = pm.fwd_only(fn, args)
+        argnames = pattern.arg_names
+    literals = _float_literals(gm)
+    workaround, inverse = {}, {}
+    for name, d in dummies.items():
+        for form, inv in (_SCALAR_FORMS if isinstance(d, float) else _SCALAR_FORMS[:1]):
+            if form(d) in literals or (form(d) == d and d in _int_literals(gm)):
+                workaround[name] = form(d)
+                if form(d) != d:
+                    inverse[name] = inv
+                break
+    expr = pm.fx_to_pattern(gm, argnames=argnames, scalar_workaround=workaround)
+    if pattern.trace == "inductor":
+        expr = _shape_wildcards(expr)
     missing = set(pattern.arg_names) - _keyword_names(expr)
     if missing:  # a decomposition folded the scalar into another constant; the rule could not bind it
         raise ValueError(f"{pattern.id} ({dtype}): parameters {sorted(missing)} vanish from the traced "
                          f"graph; use a different dummy or restructure the reference")
-    return expr
+    return expr, inverse
+
+
+def _literals(gm: torch.fx.GraphModule) -> list[Any]:
+    out: list[Any] = []
+    for n in gm.graph.nodes:
+        out += [a for a in pytree.tree_leaves((n.args, n.kwargs)) if not isinstance(a, torch.fx.Node)]
+    return out
+
+
+def _float_literals(gm: torch.fx.GraphModule) -> set[float]:
+    return {a for a in _literals(gm) if isinstance(a, float)}
+
+
+def _int_literals(gm: torch.fx.GraphModule) -> set[int]:
+    return {a for a in _literals(gm) if isinstance(a, int) and not isinstance(a, bool)}
+
+
+class _Captured(Exception):
+    pass
+
+
+def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor]) -> torch.fx.GraphModule:
+    """The graph Inductor hands to its post-grad custom pass for ``fn(*args)``, captured by stopping
+    ``compile_fx`` there. SDPA is traced on its math backend: that is the decomposition Inductor emits
+    whenever it does not pick a fused attention kernel."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    box: dict[str, torch.fx.Graph] = {}
+
+    class Capture:
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            box["graph"] = graph
+            raise _Captured
+
+        def uuid(self) -> None:  # never cached
+            return None
+
+    gm = torch.fx.symbolic_trace(_positional(fn))
+    with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), \
+            inductor_config.patch(post_grad_custom_post_pass=Capture(), post_grad_custom_pre_pass=None):
+        try:
+            compile_fx(gm, list(args))
+        except Exception as e:  # noqa: BLE001 - the capture aborts the compile on purpose
+            if "graph" not in box:
+                raise
+    out = torch.fx.GraphModule(torch.nn.Module(), box["graph"])
+    node = next(n for n in out.graph.nodes if n.op == "output")
+    if isinstance(node.args[0], (tuple, list)) and len(node.args[0]) == 1:
+        node.args = (node.args[0][0],)
+    out.recompile()
+    return out
+
+
+def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function with named positional parameters (what fx.symbolic_trace needs)."""
+    names = list(inspect.signature(fn).parameters)
+    src = f"def traced({', '.join(names)}):\n    return fn({', '.join(names)})\n"
+    scope: dict[str, Any] = {"fn": fn}
+    exec(src, scope)  # noqa: S102 - names are Python identifiers from a signature
+    return scope["traced"]
+
+
+_SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
+              aten.full.default}
+
+
+def _shape_wildcards(expr: Any) -> Any:
+    """Sizes in view/reshape/expand/full and device kwargs match anything (the graph's shapes, static or
+    symbolic); reduction dims, permutations and dtypes stay exact. Shared nodes stay shared."""
+    memo: dict[int, Any] = {}
+
+    def go(e: Any) -> Any:
+        if isinstance(e, pm.MultiOutputPattern):
+            return pm.MultiOutputPattern([go(o) for o in e.outputs])
+        if not isinstance(e, pm.CallFunction):
+            return e
+        if id(e) not in memo:
+            shape_op = bool(set(e.fns) & _SHAPE_OPS)
+            args = [pm.Ignored() if shape_op and isinstance(a, (list, tuple)) else go(a) for a in e.args]
+            kwargs = {k: pm.Ignored() if k == "device" else go(v) for k, v in e.kwargs.items()}
+            memo[id(e)] = pm.CallFunction(e.fns, *args, _users=e.users, **kwargs)
+        return memo[id(e)]
+
+    return go(expr)
+
+
+def _clone_variants(expr: Any) -> list[Any]:
+    """`expr` with and without a contiguous clone between each expand and the reshape after it: Inductor's
+    matmul decomposition copies a non-contiguous (e.g. head-transposed) operand there."""
+    return _dag_variants(
+        expr,
+        lambda e: (aten.reshape.default in e.fns and bool(e.args) and isinstance(e.args[0], pm.CallFunction)
+                   and aten.expand.default in e.args[0].fns),
+        lambda e, args: pm.CallFunction(
+            e.fns, pm.CallFunction(aten.clone.default, args[0], memory_format=torch.contiguous_format),
+            *args[1:], _users=e.users, **e.kwargs))
 
 
 class Compiled:
@@ -246,10 +427,13 @@ class Compiled:
             return
         self._done.add((dtype, device))
         p = self.pattern
-        search, replace, check, dummies = p.search_fn(), _replacement_fn(p), G.guard_fn(p), _dummy_scalars(p)
+        search, check, dummies = p.search_fn(), G.guard_fn(p), _dummy_scalars(p)
         for fn in (None, *p.variants):
             tensors = list(p.inputs(p.trace_case, dtype, device))
-            for expr in _commuted(trace_search_pattern(p, dtype, device, fn)):
+            traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn)
+            replace = _replacement_fn(p, inverse)
+            shapes = _clone_variants(traced) if p.trace == "inductor" else [traced]
+            for expr in [c for e in shapes for c in _commuted(e)]:
                 key = pm.PatternPrettyPrinter.run(expr)
                 if key in self._seen:
                     continue
@@ -339,6 +523,8 @@ def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
             if t is not None:
                 args[names.index(n)] = t
         out = pattern.reference(*args, **kwargs)
+        if pattern.op in ops.ANY_STRIDES:  # the fake's layout: q's
+            return torch.empty_like(args[0]).copy_(out)
         return out.contiguous() if isinstance(out, Tensor) else tuple(o.contiguous() for o in out)
 
     return kernel

@@ -201,3 +201,17 @@ def test_report_prints_table_and_logs(caplog):
     d = rep.to_dict()
     assert d["sites"] == 1 and d["patterns"][0]["pattern"]
     assert fusion_backend.report(last=1).graphs
+
+
+def test_dynamic_shapes_guards_do_not_crash():
+    """Symbolic sizes reach the shape guards (SymInts cannot be hashed): the rule still fires, no error."""
+    import fusion_backend
+
+    f = torch.compile(lambda q, k, v: q * k + v, backend="fusekit", dynamic=True,
+                      options={"cpu_reference": True})
+    with fusion_backend.stats.collect() as recs:
+        for n in (8, 9):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(f(x, x, x), x * x + x)
+    assert recs and not any(r.errors for r in recs), [str(r.errors) for r in recs]
+    assert recs[-1].sites["elementwise.mul_add"] == 1

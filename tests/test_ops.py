@@ -14,11 +14,26 @@ def _op_args(p, case, dtype, device):
     return [bound[n] for n, _ in p.params]
 
 
+def _opcheck(op, args):
+    """opcheck, whose AOT-dispatch comparison does not take NaN == NaN: where the op's contract has NaN
+    outputs (a fully masked softmax row), that comparison is made here with equal_nan."""
+    out = op(*args)
+    if not any(torch.isnan(o).any() for o in (out if isinstance(out, (tuple, list)) else [out])
+               if o.is_floating_point()):
+        torch.library.opcheck(op, args)
+        return
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(op, args, test_utils=utils)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(op, backend="aot_eager", fullgraph=True)(*args), out,
+                               equal_nan=True, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("p,dtype", pattern_params())
 def test_opcheck_cpu(p, dtype):
     op = registry.op_overload(p.op)
     for case in p.cases:
-        torch.library.opcheck(op, _op_args(p, case, dtype, "cpu"))
+        _opcheck(op, _op_args(p, case, dtype, "cpu"))
 
 
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
@@ -73,4 +88,4 @@ def test_opcheck_cuda(p, dtype):
         pytest.skip(_ext.missing_cuda_kernel(p.op, torch.device("cuda")))
     op = registry.op_overload(p.op)
     for case in p.cases:
-        torch.library.opcheck(op, _op_args(p, case, dtype, "cuda"))
+        _opcheck(op, _op_args(p, case, dtype, "cuda"))

@@ -85,7 +85,7 @@ def test_no_fire_when_intermediate_reused(p, dtype):
     rep = explain(gm, *args)
     assert rep.sites[p.id] == 0, str(rep)
     assert any(m.pattern == p.id and "reused" in m.reason for m in rep.near_misses), str(rep)
-    torch.testing.assert_close(rep.output, gm(*args))  # Inductor's result, not fusekit's
+    torch.testing.assert_close(rep.output, gm(*args), equal_nan=True)  # Inductor's result, not fusekit's
 
 
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
@@ -103,7 +103,7 @@ def test_no_fire_on_unsupported_dtype(p, dtype):
         assert_same(rep.output, p.eager(*args))
     else:
         assert sum(rep.sites.values()) == 0, str(rep)
-        torch.testing.assert_close(rep.output, p.eager(*args))
+        torch.testing.assert_close(rep.output, p.eager(*args), equal_nan=True)
 
 
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
@@ -111,8 +111,8 @@ def test_no_fire_on_failing_guard(p, dtype):
     args = _fill(p, p.bad_layout(dtype, "cpu"))
     rep = explain(p.search_fn(), *args)
     assert rep.sites[p.id] == 0, str(rep)
-    assert any(m.pattern == p.id and "contiguous" in m.reason for m in rep.near_misses), str(rep)
-    torch.testing.assert_close(rep.output, p.eager(*args))  # Inductor's result
+    assert any(m.pattern == p.id and p.bad_reason in m.reason for m in rep.near_misses), str(rep)
+    torch.testing.assert_close(rep.output, p.eager(*args), equal_nan=True)  # Inductor's result
 
 
 def _fill(p, tensors):
