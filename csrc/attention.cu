@@ -20,17 +20,49 @@
 // Runs on the current stream; allocates only through the caching allocator (CUDA-graph safe).
 #include "fusekit.h"
 
-#include <ATen/ops/all.h>
-#include <ATen/ops/eq.h>
-#include <ATen/ops/masked_fill.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 
 #include <limits>
 
 namespace fusekit {
 namespace {
+
+// safe=False: a row whose additive mask is all -inf is NaN in a plain softmax. One warp per output row
+// scans that row's mask and writes NaN over the row only when it is dead (no read of `out`).
+template <typename T>
+__global__ void nan_dead_rows(T* __restrict__ out, int64_t so0, int64_t so1, int64_t so2,
+                              const T* __restrict__ bias, int64_t sb0, int64_t sb1, int64_t sb2, int64_t sb3,
+                              int64_t heads, int64_t sq, int64_t sk, int64_t d, int64_t rows) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= rows) return;
+  const int64_t b = warp / (heads * sq), h = (warp / sq) % heads, i = warp % sq;
+  const T* row = bias + b * sb0 + h * sb1 + i * sb2;
+  bool alive = false;
+  for (int64_t j = lane; j < sk && !alive; j += 32) {
+    const float x = static_cast<float>(row[j * sb3]);
+    alive = !(isinf(x) && x < 0.f);
+  }
+  if (__any_sync(0xffffffffu, alive)) return;
+  T* o = out + b * so0 + h * so1 + i * so2;
+  for (int64_t j = lane; j < d; j += 32) o[j] = static_cast<T>(__int_as_float(0x7fc00000));
+}
+
+void nan_fill_dead_rows(at::Tensor& out, const at::Tensor& bias, int64_t sk) {
+  const at::Tensor m = bias.expand({out.size(0), out.size(1), out.size(2), sk});
+  const int64_t rows = out.size(0) * out.size(1) * out.size(2);
+  if (rows == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "nan_dead_rows", [&] {
+    nan_dead_rows<scalar_t><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        out.data_ptr<scalar_t>(), out.stride(0), out.stride(1), out.stride(2), m.data_ptr<scalar_t>(),
+        m.stride(0), m.stride(1), m.stride(2), m.stride(3), out.size(1), out.size(2), sk, out.size(3), rows);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& mask) {
@@ -49,6 +81,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   v.size(3) == q.size(3),
               "fusekit: attention: want q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,D]; got ", describe(q), ", ",
               describe(k), ", ", describe(v));
+  TORCH_CHECK(q.size(2) > 0 && k.size(2) > 0, "fusekit: attention needs at least one query and one key; got ",
+              describe(q), ", ", describe(k));
   const int64_t d = q.size(3);
   TORCH_CHECK(d > 0 && d % 8 == 0 && d <= 256, "fusekit: attention: head dim must be a multiple of 8 in "
               "[8, 256]; got ", describe(q));
@@ -75,15 +109,13 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::optional<at::Tensor> bias;
   if (mask) {
-    bias = mask->scalar_type() == at::kBool
-               ? at::where(*mask, at::scalar_tensor(0.0, q.options()), at::scalar_tensor(kNegInf, q.options()))
-               : *mask;
+    // a 0-dim zeros() is a device fill, not a host copy: no sync, CUDA-graph safe
+    bias = mask->scalar_type() == at::kBool ? at::where(*mask, at::zeros({}, q.options()), kNegInf) : *mask;
   }
   at::Tensor out = at::scaled_dot_product_attention(q, k, v, bias, /*dropout_p=*/0.0, /*is_causal=*/false,
                                                     scale);
   if (bias && !safe) {  // a plain softmax over an all -inf row is NaN
-    at::Tensor dead = at::eq(*bias, kNegInf).all(-1, /*keepdim=*/true);
-    out = out.masked_fill(dead, std::numeric_limits<double>::quiet_NaN());
+    nan_fill_dead_rows(out, *bias, k.size(2));
   }
   if (q.is_non_overlapping_and_dense() && out.strides() == q.strides()) {
     return out;

@@ -145,6 +145,8 @@ def attention_inputs(q: str, k: str, v: str, mask: str | None = None) -> Guard:
         if not all(known(a == b) for a, b in same):
             return (f"shapes do not line up as [B,H,Sq,D], [B,H,Sk,D], [B,H,Sk,D]: {tuple(tq.shape)}, "
                     f"{tuple(tk.shape)}, {tuple(tv.shape)}")
+        if not (known(tq.shape[2] > 0) and known(tk.shape[2] > 0)):
+            return "empty query or key sequence"
         d = tq.shape[3]
         if not (known(d % 8 == 0) and known(d <= 256) and known(d > 0)):
             return f"head dim {d} is not a multiple of 8 in [8, 256]"
