@@ -1,0 +1,137 @@
+"""The ``fusekit`` command: bench, profile, explain, doctor.
+
+    fusekit bench   [--models gpt2,llama,bert,roberta,qwen2] [--modes ...] [--batch N --seq N] [--out DIR]
+    fusekit profile --model bert [--out DIR]
+    fusekit explain --model gpt2
+    fusekit doctor
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import torch
+
+
+def _dtype(s: str | None) -> torch.dtype | None:
+    return getattr(torch, s) if s else None
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from . import e2e, models
+
+    names = a.models.split(",") if a.models else list(models.MODELS)
+    modes = tuple(a.modes.split(",")) if a.modes else e2e.MODES
+    bad = [m for m in names if m not in models.MODELS] + [m for m in modes if m not in e2e.MODES]
+    if bad:
+        print(f"unknown model/mode {bad}; models: {list(models.MODELS)}, modes: {list(e2e.MODES)}", file=sys.stderr)
+        return 2
+    e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq)
+    return 0
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from . import profile
+
+    profile.profile_model(a.model, pathlib.Path(a.out), iters=a.iters)
+    return 0
+
+
+def cmd_explain(a: argparse.Namespace) -> int:
+    from . import models
+    from .report import explain
+
+    cuda = torch.cuda.is_available() and not a.cpu
+    model, inputs, desc = models.make(a.model, "cuda" if cuda else "cpu", _dtype(a.dtype), a.batch, a.seq)
+    print(f"{desc['what']} {desc['dtype']} batch {desc['batch']} seq {desc['seq']} on {'CUDA' if cuda else 'CPU'}")
+    with torch.no_grad():
+        rep = explain(model, **inputs, options=None if cuda else {"cpu_reference": True})
+    print(rep)
+    return 0
+
+
+def doctor_text() -> str:
+    from . import _ext, registry
+
+    lines = [f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: CPU build'})"]
+    try:
+        import triton
+        lines.append(f"triton {triton.__version__}")
+    except ImportError:
+        lines.append("triton: not installed (Inductor's GPU code generation needs it)")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        major, minor = torch.cuda.get_device_capability()
+        lines.append(f"GPU: {torch.cuda.get_device_name()} (compute capability {major}.{minor}, "
+                     f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)")
+        st = _ext.load_for_device()
+        where = f"loaded from {st.path}" if st.loaded else f"NOT available: {st.reason}"
+        lines.append(f"kernels for sm_{_ext.device_arch()}: {where}")
+    else:
+        lines.append("GPU: none (CUDA patterns are off; CPU runs references with options={'cpu_reference': True})")
+    from shutil import which
+    lines.append(f"nvcc: {which('nvcc') or 'not found (needed once, to build the kernels)'}")
+    lines.append("")
+    lines.append(f"{'pattern':38s} " + " ".join(f"{str(d)[6:]:>9s}" for d in (torch.float32, torch.float16,
+                                                                                 torch.bfloat16, torch.int8)))
+    for p in registry.all_patterns():
+        cells = []
+        for d in (torch.float32, torch.float16, torch.bfloat16, torch.int8):
+            if d not in p.dtypes:
+                cells.append("-")
+            elif not cuda:
+                cells.append("cpu-ref")
+            elif _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+                cells.append("no-kernel")
+            else:
+                cells.append("on" if p.on_by_default(d) else "opt-in")
+        lines.append(f"{p.id:38s} " + " ".join(f"{c:>9s}" for c in cells))
+    lines.append("")
+    lines.append("on = fires by default; opt-in = measured slower than Inductor here, enable with "
+                 "options={'patterns': [id]}; cpu-ref = CPU reference only; - = dtype not supported")
+    return "\n".join(lines)
+
+
+def cmd_doctor(a: argparse.Namespace) -> int:
+    print(doctor_text())
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fusekit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="end-to-end transformer benchmark: eager / Inductor / fusekit")
+    b.add_argument("--models", default=None, help="comma-separated (default: all)")
+    b.add_argument("--modes", default=None, help="comma-separated of eager,inductor,fusekit,fusekit-ro")
+    b.add_argument("--batch", type=int, default=None)
+    b.add_argument("--seq", type=int, default=None)
+    b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model)")
+    b.add_argument("--cpu", action="store_true", help="tiny configurations on CPU even with a GPU")
+    b.add_argument("--out", default="fusekit_bench")
+    b.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("profile", help="torch.profiler report of one model under eager, Inductor, fusekit")
+    p.add_argument("--model", default="bert")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--out", default="fusekit_profile")
+    p.set_defaults(fn=cmd_profile)
+    e = sub.add_parser("explain", help="fusekit's match report for a named model")
+    e.add_argument("--model", default="gpt2")
+    e.add_argument("--batch", type=int, default=None)
+    e.add_argument("--seq", type=int, default=None)
+    e.add_argument("--dtype", default=None)
+    e.add_argument("--cpu", action="store_true")
+    e.set_defaults(fn=cmd_explain)
+    d = sub.add_parser("doctor", help="GPU, versions, kernels, and the patterns available per dtype")
+    d.set_defaults(fn=cmd_doctor)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""``fusekit bench``: end-to-end transformer benchmark (eager / Inductor / fusekit / fusekit with CUDA
+graphs), with latency, tokens/s, compile time, peak memory, error against eager and fusekit's match
+report. Writes a terminal table, bench.md, bench.json and bench.png. Without a GPU it runs the tiny
+configurations on CPU (fusekit with ``cpu_reference``) so the command works anywhere."""
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from . import models, stats
+from .backend import backend as fusekit_backend
+from .report import Report
+
+MODES = ("eager", "inductor", "fusekit", "fusekit-ro")
+
+
+def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
+    torch._dynamo.reset()
+    opts = {"cpu_reference": True} if cpu else None
+    if mode == "eager":
+        return model
+    if mode == "inductor":
+        return torch.compile(model)
+    if mode == "fusekit":
+        return torch.compile(model, backend=fusekit_backend(options=opts))
+    if mode == "fusekit-ro":
+        return torch.compile(model, backend=fusekit_backend(mode="reduce-overhead", options=opts))
+    raise ValueError(mode)
+
+
+def _cold():
+    """Compile from scratch: no FX-graph / AOT cache hits (which would also skip fusekit's pass and its
+    report), so compile times of Inductor and fusekit compare like for like."""
+    import contextlib
+
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
+
+
+def _time(fn: Callable[[], Any], cpu: bool, cudagraphs: bool) -> float:
+    """Median ms: triton's do_bench on the GPU (CUDA graphs: marked steps), a timed loop on CPU."""
+    if cpu:
+        for _ in range(3):
+            fn()
+        ts = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+    from triton.testing import do_bench
+
+    if cudagraphs:
+        def step() -> Any:
+            torch.compiler.cudagraph_mark_step_begin()
+            return fn()
+        return do_bench(step, warmup=50, rep=300, return_mode="median")
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype | None = None,
+              batch: int | None = None, seq: int | None = None, log: Callable[[str], None] = print) -> dict:
+    cpu = device == "cpu"
+    model, inputs, desc = models.make(name, device, dtype, batch, seq)
+    tokens = desc["batch"] * desc["seq"]
+    res: dict[str, Any] = {**desc, "modes": {}}
+    with torch.no_grad():
+        ref = models.first_output(model(**inputs)).float()
+        for mode in modes:
+            if cpu and mode == "fusekit-ro":
+                continue  # CUDA graphs need a GPU
+            f = _compiled(mode, model, cpu)
+            if not cpu:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            with stats.collect() as records, _cold():
+                t0 = time.perf_counter()
+                if mode == "fusekit-ro":
+                    torch.compiler.cudagraph_mark_step_begin()
+                out = models.first_output(f(**inputs)).float().clone()
+                if mode == "fusekit-ro":  # CUDA graphs record on a later call
+                    for _ in range(2):
+                        torch.compiler.cudagraph_mark_step_begin()
+                        out = models.first_output(f(**inputs)).float().clone()
+                if not cpu:
+                    torch.cuda.synchronize()
+                compile_s = time.perf_counter() - t0
+            ms = _time(lambda: f(**inputs), cpu, mode == "fusekit-ro")
+            peak = torch.cuda.max_memory_allocated() / 2**20 if not cpu else None
+            err = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+            r: dict[str, Any] = {"ms": ms, "tokens_per_s": tokens / ms * 1e3, "compile_s": compile_s,
+                                 "peak_mib": peak, "max_rel_err_vs_eager": err}
+            if mode.startswith("fusekit"):
+                rep = Report(list(records))
+                r["sites"] = {k: v for k, v in rep.sites.items() if v}
+                r["errors"] = len(rep.errors)
+                r["report"] = str(rep)
+            res["modes"][mode] = r
+            log(f"  {name:8s} {mode:11s} {ms:9.3f} ms  {r['tokens_per_s']:12,.0f} tok/s  compile {compile_s:6.1f} s"
+                f"  peak {'-' if peak is None else f'{peak:,.0f} MiB':>10s}  rel err {err:.1e}"
+                + (f"  fused {r['sites']}" if "sites" in r else ""))
+            del f
+            torch._dynamo.reset()
+    base = res["modes"].get("inductor", {}).get("ms")
+    for m in res["modes"].values():
+        m["vs_inductor"] = base / m["ms"] if base else None
+        m["vs_eager"] = res["modes"]["eager"]["ms"] / m["ms"] if "eager" in res["modes"] else None
+    if base and "fusekit" in res["modes"]:
+        res["compile_ratio_vs_inductor"] = res["modes"]["fusekit"]["compile_s"] / res["modes"]["inductor"]["compile_s"]
+    del model
+    if not cpu:
+        torch.cuda.empty_cache()
+    return res
+
+
+def markdown(results: list[dict], env: dict) -> str:
+    lines = [f"# fusekit bench: {env['device']}", "",
+             f"torch {env['torch']}, transformers {env['transformers']}. Median latency "
+             f"({'triton do_bench' if env['cuda'] else 'timed loop'}); compile = first call(s), wall clock; "
+             "error = max|out - eager| / max|eager| on logits / last hidden state.", "",
+             "| model | dtype | batch x seq | mode | ms | tokens/s | vs Inductor | vs eager | compile s | peak MiB | rel err | fused sites |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for mode, r in res["modes"].items():
+            vi = f"{r['vs_inductor']:.2f}x" if r.get("vs_inductor") else "-"
+            ve = f"{r['vs_eager']:.2f}x" if r.get("vs_eager") else "-"
+            peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:,.0f}"
+            sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r.get("sites", {}).items()) or "-"
+            lines.append(f"| {res['model']} | {res['dtype']} | {res['batch']}x{res['seq']} | {mode} | {r['ms']:.3f} | "
+                         f"{r['tokens_per_s']:,.0f} | {vi} | {ve} | {r['compile_s']:.1f} | {peak} | "
+                         f"{r['max_rel_err_vs_eager']:.1e} | {sites} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in MODES if any(m in r["modes"] for r in results)]
+    fig, ax = plt.subplots(figsize=(1.8 * len(results) + 2, 4))
+    w = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        xs = [j + i * w for j in range(len(results))]
+        ys = [r["modes"][mode]["vs_inductor"] if mode in r["modes"] and r["modes"][mode]["vs_inductor"] else 0
+              for r in results]
+        ax.bar(xs, ys, w, label=mode)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(results))], [r["model"] for r in results])
+    ax.set_ylabel("speed vs Inductor (higher is faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def environment() -> dict:
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    return {"device": torch.cuda.get_device_name() if cuda else "CPU (tiny configurations)", "cuda": cuda,
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, device: str | None = None,
+          dtype: torch.dtype | None = None, batch: int | None = None, seq: int | None = None) -> list[dict]:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment()
+    print(f"fusekit bench on {env['device']} (torch {env['torch']}): {', '.join(model_names)} x {', '.join(modes)}",
+          flush=True)
+    results, t0 = [], time.time()
+    for i, name in enumerate(model_names, 1):
+        print(f"[{i}/{len(model_names)} {time.time() - t0:5.0f}s] {name}", flush=True)
+        results.append(run_model(name, modes, device, dtype, batch, seq, log=lambda s: print(s, flush=True)))
+        out.mkdir(parents=True, exist_ok=True)  # write after every model: a long run keeps what it has
+        (out / "bench.json").write_text(json.dumps({"env": env, "results": results}, indent=1, default=str))
+        (out / "bench.md").write_text(markdown(results, env))
+    plot(results, out / "bench.png")
+    print()
+    print(markdown(results, env))
+    print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
+    return results

@@ -1,0 +1,109 @@
+"""The end-to-end benchmark's models: Hugging Face transformers built from configs with random weights (no
+hub download), at their real sizes for the GPU and as tiny configurations for a CPU-only machine."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    what: str
+    build: Callable[[bool], Any]      # tiny -> nn.Module
+    dtype: torch.dtype                # GPU dtype
+    batch: int                        # GPU defaults (the issue's reference points)
+    seq: int
+    encoder: bool                     # takes a padding attention_mask
+
+
+def _t():
+    import transformers
+
+    return transformers
+
+
+def _gpt2(tiny: bool):
+    T = _t()
+    cfg = (T.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0,
+                          eos_token_id=0) if tiny
+           else T.GPT2Config())
+    return T.GPT2LMHeadModel(cfg)
+
+
+def _llama(tiny: bool):
+    T = _t()
+    cfg = (T.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128) if tiny else
+           T.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096))
+    return T.LlamaForCausalLM(cfg)
+
+
+def _bert(tiny: bool):
+    T = _t()
+    cfg = (T.BertConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                        vocab_size=256, max_position_embeddings=128) if tiny else T.BertConfig())
+    return T.BertModel(cfg)
+
+
+def _roberta(tiny: bool):
+    T = _t()
+    cfg = (T.RobertaConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                           vocab_size=256, max_position_embeddings=130) if tiny else T.RobertaConfig())
+    return T.RobertaModel(cfg)
+
+
+def _qwen2(tiny: bool):
+    T = _t()
+    cfg = (T.Qwen2Config(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128) if tiny else
+           T.Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096))
+    return T.Qwen2ForCausalLM(cfg)
+
+
+MODELS = {m.name: m for m in [
+    ModelSpec("gpt2", "GPT-2 124M", _gpt2, torch.float16, 8, 512, False),
+    ModelSpec("llama", "Llama-style, hidden 2048, 8 layers, GQA 16/4", _llama, torch.bfloat16, 4, 512, False),
+    ModelSpec("bert", "BERT-base", _bert, torch.float16, 16, 256, True),
+    ModelSpec("roberta", "RoBERTa-base", _roberta, torch.float16, 16, 256, True),
+    ModelSpec("qwen2", "Qwen2-style, hidden 1536, 8 layers, GQA 12/2, bias on q/k/v", _qwen2, torch.bfloat16, 4,
+              512, False),
+]}
+TINY = dict(batch=2, seq=32)
+
+
+def make(name: str, device: str, dtype: torch.dtype | None = None, batch: int | None = None,
+         seq: int | None = None, seed: int = 0) -> tuple[Any, dict[str, torch.Tensor], dict[str, Any]]:
+    """(model in eval mode, inputs, description). On CPU: the tiny configuration in float32."""
+    spec = MODELS[name]
+    tiny = device == "cpu"
+    torch.manual_seed(seed)
+    dtype = dtype or (torch.float32 if tiny else spec.dtype)
+    batch = batch or (TINY["batch"] if tiny else spec.batch)
+    seq = seq or (TINY["seq"] if tiny else spec.seq)
+    model = spec.build(tiny).to(device=device, dtype=dtype).eval()
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=g).to(device)}
+    if spec.encoder:  # a padded batch: the last sequence is 3/4 long, so the mask is a real one
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[-1, seq * 3 // 4:] = 0
+        inputs["attention_mask"] = mask.to(device)
+    desc = {"model": name, "what": spec.what + (" (tiny config)" if tiny else ""), "dtype": str(dtype)[6:],
+            "batch": batch, "seq": seq, "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    return model, inputs, desc
+
+
+def first_output(out: Any) -> torch.Tensor:
+    """Logits or last hidden state."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits") and out.logits is not None:
+        return out.logits
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    return out[0]

@@ -1,0 +1,76 @@
+"""The `fusekit` command on CPU (tiny configurations): every subcommand runs and writes what it says."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from fusion_backend import cli, models, registry  # noqa: E402
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("fusekit")
+    assert exe, "pip install -e . installs the `fusekit` command"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    assert all(c in out for c in ("bench", "profile", "explain", "doctor"))
+
+
+def test_doctor_lists_every_pattern_per_dtype(capsys):
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert f"torch {torch.__version__}" in out
+    for p in registry.all_patterns():
+        assert p.id in out
+
+
+def test_explain_named_model(capsys):
+    assert cli.main(["explain", "--model", "llama", "--cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "elementwise.silu_mul      2" in out or "elementwise.silu_mul" in out
+    assert "2 site(s) fused" in out
+
+
+@pytest.mark.slow
+def test_bench_tiny_cpu_writes_table_json_plot(tmp_path, capsys):
+    assert cli.main(["bench", "--models", "gpt2,bert", "--cpu", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["model"] for r in data["results"]] == ["gpt2", "bert"]
+    for r in data["results"]:
+        assert set(r["modes"]) == {"eager", "inductor", "fusekit"}  # CUDA graphs mode needs a GPU
+        fk = r["modes"]["fusekit"]
+        assert fk["sites"] and fk["errors"] == 0
+        assert fk["max_rel_err_vs_eager"] < 1e-5 and fk["ms"] > 0 and fk["tokens_per_s"] > 0
+    assert "| gpt2 | float32 | 2x32 | fusekit |" in (tmp_path / "bench.md").read_text()
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_bench_rejects_unknown_model(capsys):
+    assert cli.main(["bench", "--models", "nope", "--cpu"]) == 2
+
+
+@pytest.mark.slow
+def test_profile_tiny_cpu_writes_trace_and_hints(tmp_path):
+    assert cli.main(["profile", "--model", "gpt2", "--out", str(tmp_path), "--iters", "2"]) == 0
+    data = json.loads((tmp_path / "profile_gpt2.json").read_text())
+    assert set(data["modes"]) == {"eager", "inductor", "fusekit"}
+    eager = data["modes"]["eager"]
+    assert eager["categories"] and eager["top_kernels"] and eager["hints"]
+    assert abs(sum(c["share"] for c in eager["categories"].values()) - 1) < 1e-6
+    assert json.loads((tmp_path / "trace_gpt2_eager.json").read_text())["traceEvents"]
+
+
+def test_every_model_builds_tiny():
+    for name in models.MODELS:
+        m, inputs, desc = models.make(name, "cpu")
+        with torch.no_grad():
+            assert models.first_output(m(**inputs)).shape[:2] == (2, 32), name
+
+
+def test_examples_benchmark_script_is_the_command():
+    out = subprocess.run([sys.executable, "examples/benchmark_transformer.py", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "--models" in out
