@@ -50,28 +50,40 @@ def ceilings() -> dict:
     return {"matmul_tflops": tf, "copy_gbps": gbs}
 
 
+_SIZES = {"c10::Half": 2, "c10::BFloat16": 2, "float": 4, "double": 8, "long int": 8, "int": 4, "bool": 1,
+          "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1}
+
+
+def _shape_bytes(evt: Any) -> float:
+    total = 0.0
+    for shp, dt in zip(getattr(evt, "input_shapes", None) or [], getattr(evt, "input_dtypes", None) or []):
+        if shp and isinstance(shp, list) and all(isinstance(x, int) for x in shp):
+            n = 1
+            for x in shp:
+                n *= x
+            total += n * _SIZES.get(str(dt), 2)
+    return total
+
+
 def _op_costs(prof: Any) -> dict[str, tuple[float, float]]:
-    """FLOPs and bytes per kernel name, from the CPU op that launched it (its input shapes)."""
+    """(FLOPs, bytes) per kernel name, from the nearest ATen/fusekit op above its launch (FLOPs from
+    with_flops, bytes from the recorded input shapes; attention FLOPs from q/k shapes)."""
     costs: dict[str, tuple[float, float]] = {}
     for evt in prof.events():
         kernels = getattr(evt, "kernels", None) or []
         if not kernels:
             continue
-        flops = float(getattr(evt, "flops", 0) or 0)
-        shapes, dtypes = getattr(evt, "input_shapes", None) or [], getattr(evt, "input_dtypes", None) or []
-        nbytes = 0.0
-        for shp, dt in zip(shapes, dtypes):
-            if shp and isinstance(shp, list) and all(isinstance(s, int) for s in shp):
-                size = {"c10::Half": 2, "c10::BFloat16": 2, "float": 4, "long int": 8, "bool": 1,
-                        "signed char": 1}.get(str(dt), 2)
-                n = 1
-                for s in shp:
-                    n *= s
-                nbytes += n * size
-        if "scaled_dot_product" in evt.name or "fusekit::attention" in evt.name:
-            if len(shapes) >= 3 and all(len(s) == 4 for s in shapes[:3]):
-                b, h, sq, d = shapes[0]
-                flops = 4.0 * b * h * sq * shapes[1][2] * d
+        op = evt
+        while op is not None and not (op.name.startswith(("aten::", "fusekit::")) and getattr(op, "input_shapes", None)):
+            op = op.cpu_parent
+        if op is None:
+            continue
+        flops, nbytes = float(getattr(op, "flops", 0) or 0), _shape_bytes(op)
+        shapes = op.input_shapes
+        if ("attention" in op.name or "scaled_dot" in op.name) and len(shapes) >= 3 \
+                and all(isinstance(x, list) and len(x) == 4 for x in shapes[:3]):
+            b, h, sq, d = shapes[0]
+            flops = 4.0 * b * h * sq * shapes[1][2] * d
         for k in kernels:
             f, by = costs.get(k.name, (0.0, 0.0))
             costs[k.name] = (f + flops / len(kernels), by + nbytes / len(kernels))
@@ -122,8 +134,8 @@ def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int) -
     calls: dict[str, int] = defaultdict(int)
     for evt in prof.events():
         if cuda:
-            if evt.device_type != torch.autograd.DeviceType.CUDA:
-                continue
+            if evt.device_type != torch.autograd.DeviceType.CUDA or evt.name.startswith(("## ", "Torch-Compiled")):
+                continue  # kernels only (not the annotation ranges around a compiled graph)
             t = evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
         else:  # CPU: self time of the ops and Inductor's C++ kernels (no double counting of wrappers)
             if not evt.name.startswith(("aten::", "fusekit::", "cpp_fused", "triton")):

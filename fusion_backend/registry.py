@@ -372,6 +372,7 @@ def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
     return scope["traced"]
 
 
+_VIEW_OPS = [aten.reshape.default, aten.view.default, aten._unsafe_view.default]
 _SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
               aten.full.default}
 
@@ -390,7 +391,9 @@ def _shape_wildcards(expr: Any) -> Any:
             shape_op = bool(set(e.fns) & _SHAPE_OPS)
             args = [pm.Ignored() if shape_op and isinstance(a, (list, tuple)) else go(a) for a in e.args]
             kwargs = {k: pm.Ignored() if k == "device" else go(v) for k, v in e.kwargs.items()}
-            memo[id(e)] = pm.CallFunction(e.fns, *args, _users=e.users, **kwargs)
+            # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
+            fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns
+            memo[id(e)] = pm.CallFunction(fns, *args, _users=e.users, **kwargs)
         return memo[id(e)]
 
     return go(expr)
@@ -401,7 +404,7 @@ def _clone_variants(expr: Any) -> list[Any]:
     matmul decomposition copies a non-contiguous (e.g. head-transposed) operand there."""
     return _dag_variants(
         expr,
-        lambda e: (aten.reshape.default in e.fns and bool(e.args) and isinstance(e.args[0], pm.CallFunction)
+        lambda e: (aten._unsafe_view.default in e.fns and bool(e.args) and isinstance(e.args[0], pm.CallFunction)
                    and aten.expand.default in e.args[0].fns),
         lambda e, args: pm.CallFunction(
             e.fns, pm.CallFunction(aten.clone.default, args[0], memory_format=torch.contiguous_format),
