@@ -164,8 +164,37 @@ def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int) -
                      "bound": bound, "ceiling_fraction": util,
                      "intensity_flop_per_byte": (f / b) if f and b else None})
     return {"gpu_ms_per_forward" if cuda else "cpu_ms_per_forward": total,
+            "roofline_ops": _roofline_ops(prof, iters, ceil) if cuda else [],
             "categories": {c: {"ms": t, "share": t / total} for c, t in sorted(cats.items(), key=lambda kv: -kv[1])},
             "top_kernels": tops, "hints": hints(cats, total, per_kernel, "GPU" if cuda else "CPU")}
+
+
+def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6) -> list[dict]:
+    """Ops with FLOPs (GEMMs, attention), grouped by input shape: arithmetic intensity against the ridge
+    point of the ceilings measured now, and the fraction of the binding ceiling they reach."""
+    if not ceil:
+        return []
+    ridge = ceil["matmul_tflops"] * 1e12 / (ceil["copy_gbps"] * 1e9)
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        flops = float(getattr(e, "flops", 0) or 0)
+        if ("attention" in e.key or "scaled_dot" in e.key) and e.input_shapes and len(e.input_shapes) >= 3 \
+                and all(isinstance(x, list) and len(x) == 4 for x in e.input_shapes[:3]):
+            b, h, sq, d = e.input_shapes[0]
+            flops = 4.0 * b * h * sq * e.input_shapes[1][2] * d * e.count
+        nbytes = _shape_bytes(e) * e.count
+        if not (t and flops and nbytes) or not e.key.startswith(("aten::", "fusekit::")):
+            continue
+        sec = t / 1e6
+        intensity = flops / nbytes
+        bound = "compute" if intensity > ridge else "memory"
+        frac = (flops / sec / 1e12 / ceil["matmul_tflops"] if bound == "compute"
+                else nbytes / sec / 1e9 / ceil["copy_gbps"])
+        rows.append({"op": e.key, "shapes": str(e.input_shapes)[:80], "ms": t / 1e3 / iters,
+                     "tflops": flops / sec / 1e12, "intensity_flop_per_byte": intensity, "bound": bound,
+                     "ceiling_fraction": frac})
+    return sorted(rows, key=lambda r: -r["ms"])[:top]
 
 
 def hints(cats: dict[str, float], total: float, per_kernel: dict[str, float], where: str = "GPU") -> list[str]:
@@ -202,6 +231,11 @@ def _print_mode(mode: str, r: dict) -> None:
         frac = "" if t["ceiling_fraction"] is None else f" at {100 * t['ceiling_fraction']:.0f}% of its ceiling"
         print(f"    {t['ms']:7.3f} ms {100 * t['share']:5.1f}%  {t['category']:24s} {t['bound']}-bound{frac}  "
               f"{t['kernel'][:90]}")
+    if r.get("roofline_ops"):
+        print("  ops with FLOPs (roofline vs the ceilings measured now):")
+        for o in r["roofline_ops"]:
+            print(f"    {o['ms']:7.3f} ms  {o['op']:32s} {o['tflops']:6.1f} TFLOP/s  {o['intensity_flop_per_byte']:7.1f} "
+                  f"FLOP/B  {o['bound']}-bound at {100 * o['ceiling_fraction']:.0f}% of its ceiling  {o['shapes']}")
     print("  hints:")
     for h in r["hints"]:
         print(f"    - {h}")
