@@ -16,15 +16,15 @@
 //
 // The kernel is PyTorch's own fused SDPA (cuDNN, flash or memory-efficient, as its dispatcher picks for
 // these inputs; fp32 accumulation, no [Sq,Sk] matrix in HBM). A bool mask becomes an additive 0/-inf
-// mask first: with -inf rows those kernels return 0 like the math backend, which the GPU tests check.
+// mask first: with -inf rows those kernels return 0 like the math backend, which the GPU tests check. A
+// mask whose rows are not 16-byte aligned is copied into aligned rows first (see aligned_rows).
 // Runs on the current stream; allocates only through the caching allocator (CUDA-graph safe).
 #include "fusekit.h"
 
 #include <ATen/ops/scaled_dot_product_attention.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/zeros.h>
 
 #include <limits>
+#include <vector>
 
 namespace fusekit {
 namespace {
@@ -102,15 +102,65 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
+// cuDNN's fused attention takes a mask whose rows are not 16-byte aligned (e.g. 197 keys) on a path 1.7x
+// slower (H200, [32,12,197,64]: 0.070 ms against 0.042 ms). Copying the small mask into rows padded to a
+// multiple of 8 elements costs ~5 us and takes the fast path; the padding is never read.
+at::Tensor aligned_rows(const at::Tensor& bias) {
+  bool ok = bias.stride(-1) == 1 && reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
+  for (int64_t i = 0; ok && i + 1 < bias.dim(); ++i) {
+    ok = bias.size(i) == 1 || bias.stride(i) % 8 == 0;
+  }
+  if (ok) return bias;
+  std::vector<int64_t> padded(bias.sizes().begin(), bias.sizes().end());
+  const int64_t sk = padded.back();
+  padded.back() = (sk + 7) / 8 * 8;
+  at::Tensor view = at::empty(padded, bias.options()).narrow(-1, 0, sk);
+  view.copy_(bias);
+  return view;
+}
+
+// bool mask (True = attend) -> additive 0 / -inf in q's dtype, written straight into aligned rows: one launch
+// instead of a fill, a where and an aligning copy.
+template <typename T>
+__global__ void bool_to_bias(T* __restrict__ out, int64_t row_pitch, const bool* __restrict__ mask, int64_t s0,
+                             int64_t s1, int64_t s2, int64_t s3, int64_t d1, int64_t d2, int64_t d3, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t c = i % d3, r = i / d3;
+  const int64_t b2 = r % d2, b1 = (r / d2) % d1, b0 = r / (d2 * d1);
+  const bool keep = mask[b0 * s0 + b1 * s1 + b2 * s2 + c * s3];
+  out[r * row_pitch + c] = keep ? static_cast<T>(0.f) : static_cast<T>(-INFINITY);
+}
+
+at::Tensor bool_mask_to_bias(const at::Tensor& mask, const at::TensorOptions& opts) {
+  at::Tensor m4 = mask;
+  while (m4.dim() < 4) m4 = m4.unsqueeze(0);
+  const std::vector<int64_t> sizes(m4.sizes().begin(), m4.sizes().end());
+  std::vector<int64_t> padded = sizes;
+  padded[3] = (sizes[3] + 7) / 8 * 8;
+  at::Tensor buf = at::empty(padded, opts);
+  const int64_t n = m4.numel();
+  if (n > 0) {
+    constexpr int kThreads = 256;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, buf.scalar_type(), "bool_to_bias", [&] {
+      bool_to_bias<scalar_t><<<(n + kThreads - 1) / kThreads, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          buf.data_ptr<scalar_t>(), padded[3], m4.data_ptr<bool>(), m4.stride(0), m4.stride(1), m4.stride(2),
+          m4.stride(3), sizes[1], sizes[2], sizes[3], n);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  at::Tensor out = buf.narrow(-1, 0, sizes[3]);
+  while (out.dim() > mask.dim()) out = out.squeeze(0);
+  return out;
+}
+
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double scale, bool safe) {
   check_inputs(q, k, v, mask);
   c10::cuda::CUDAGuard guard(q.device());
-  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::optional<at::Tensor> bias;
   if (mask) {
-    // a 0-dim zeros() is a device fill, not a host copy: no sync, CUDA-graph safe
-    bias = mask->scalar_type() == at::kBool ? at::where(*mask, at::zeros({}, q.options()), kNegInf) : *mask;
+    bias = mask->scalar_type() == at::kBool ? bool_mask_to_bias(*mask, q.options()) : aligned_rows(*mask);
   }
   at::Tensor out = at::scaled_dot_product_attention(q, k, v, bias, /*dropout_p=*/0.0, /*is_causal=*/false,
                                                     scale);

@@ -191,3 +191,22 @@ def test_reduce_overhead_cuda_graphs_with_fused_op():
         out = f(x, y)
     _check(p, [x, y, 2.0], out.clone())
     assert fusion_backend.report(last=1).sites[p.id] == 1
+
+
+@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns(flat=False)
+                                     if "mask" in c.values[0].arg_names])
+def test_attention_mask_broadcasts_and_layouts(p, dtype):
+    """Masks of every broadcast rank, expanded (stride-0) and unaligned (odd key counts) views."""
+    b, h, sq, sk, d = 2, 3, 37, 45, 64
+    q, k, v = (registry.rand((b, h, n, d), dtype, "cuda") for n in (sq, sk, sk))
+    keep = torch.rand(b, 1, sq, sk, device="cuda") > 0.3
+    keep[..., 0] = True
+    base = keep if p.inputs(p.cases[0], dtype, "cpu")[3].dtype == torch.bool else \
+        torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, float("-inf"))
+    masks = [base, base[:1, :, :1], base[0, 0], base[0, 0, 0], base.expand(b, h, sq, sk),
+             torch.cat([base, base], -1)[..., :sk]]  # last: rows at a 2*sk pitch
+    scale = p.scalar_defaults["scale"]
+    for m in masks:
+        args = [q, k, v, m, scale]
+        out = registry.call_op(p, args)
+        _check(p, args, out)
