@@ -160,7 +160,9 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   c10::cuda::CUDAGuard guard(q.device());
   std::optional<at::Tensor> bias;
   if (mask) {
-    bias = mask->scalar_type() == at::kBool ? bool_mask_to_bias(*mask, q.options()) : aligned_rows(*mask);
+    at::Tensor m4 = *mask;  // SDPA's fused paths index mask dims -2.. : give them [.., .., Sq|1, Sk]
+    while (m4.dim() < 4) m4 = m4.unsqueeze(0);
+    bias = m4.scalar_type() == at::kBool ? bool_mask_to_bias(m4, q.options()) : aligned_rows(m4);
   }
   at::Tensor out = at::scaled_dot_product_attention(q, k, v, bias, /*dropout_p=*/0.0, /*is_causal=*/false,
                                                     scale);
