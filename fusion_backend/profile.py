@@ -54,14 +54,17 @@ _SIZES = {"c10::Half": 2, "c10::BFloat16": 2, "float": 4, "double": 8, "long int
           "signed char": 1, "unsigned char": 1, "c10::Float8_e4m3fn": 1}
 
 
-def _shape_bytes(evt: Any) -> float:
+def _shape_bytes(evt: Any, default_size: int = 2) -> float:
+    """Bytes of the recorded input shapes (averaged events carry no dtypes: `default_size` each)."""
+    shapes = getattr(evt, "input_shapes", None) or []
+    dtypes = list(getattr(evt, "input_dtypes", None) or [])
     total = 0.0
-    for shp, dt in zip(getattr(evt, "input_shapes", None) or [], getattr(evt, "input_dtypes", None) or []):
+    for i, shp in enumerate(shapes):
         if shp and isinstance(shp, list) and all(isinstance(x, int) for x in shp):
             n = 1
             for x in shp:
                 n *= x
-            total += n * _SIZES.get(str(dt), 2)
+            total += n * (_SIZES.get(str(dtypes[i]), default_size) if i < len(dtypes) else default_size)
     return total
 
 
@@ -118,7 +121,8 @@ def profile_model(name: str, out: pathlib.Path, modes=("eager", "inductor", "fus
                     torch.cuda.synchronize()
             trace = out / f"trace_{name}_{mode}.json"
             prof.export_chrome_trace(str(trace))
-            result["modes"][mode] = _summarize(prof, cuda, iters, ceil, top)
+            result["modes"][mode] = _summarize(prof, cuda, iters, ceil, top,
+                                               torch.finfo(getattr(torch, desc["dtype"])).bits // 8)
             result["modes"][mode]["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
             result["modes"][mode]["trace"] = str(trace)
             _print_mode(mode, result["modes"][mode])
@@ -129,7 +133,7 @@ def profile_model(name: str, out: pathlib.Path, modes=("eager", "inductor", "fus
     return result
 
 
-def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int) -> dict:
+def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int, elem_size: int = 2) -> dict:
     per_kernel: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     for evt in prof.events():
@@ -164,12 +168,12 @@ def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int) -
                      "bound": bound, "ceiling_fraction": util,
                      "intensity_flop_per_byte": (f / b) if f and b else None})
     return {"gpu_ms_per_forward" if cuda else "cpu_ms_per_forward": total,
-            "roofline_ops": _roofline_ops(prof, iters, ceil) if cuda else [],
+            "roofline_ops": _roofline_ops(prof, iters, ceil, elem_size=elem_size) if cuda else [],
             "categories": {c: {"ms": t, "share": t / total} for c, t in sorted(cats.items(), key=lambda kv: -kv[1])},
             "top_kernels": tops, "hints": hints(cats, total, per_kernel, "GPU" if cuda else "CPU")}
 
 
-def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6) -> list[dict]:
+def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6, elem_size: int = 2) -> list[dict]:
     """Ops with FLOPs (GEMMs, attention), grouped by input shape: arithmetic intensity against the ridge
     point of the ceilings measured now, and the fraction of the binding ceiling they reach."""
     if not ceil:
@@ -177,13 +181,13 @@ def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6) -> lis
     ridge = ceil["matmul_tflops"] * 1e12 / (ceil["copy_gbps"] * 1e9)
     rows = []
     for e in prof.key_averages(group_by_input_shape=True):
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        t = getattr(e, "device_time_total", 0) or (0 if torch.cuda.is_available() else e.cpu_time_total)
         flops = float(getattr(e, "flops", 0) or 0)
         if ("attention" in e.key or "scaled_dot" in e.key) and e.input_shapes and len(e.input_shapes) >= 3 \
                 and all(isinstance(x, list) and len(x) == 4 for x in e.input_shapes[:3]):
             b, h, sq, d = e.input_shapes[0]
             flops = 4.0 * b * h * sq * e.input_shapes[1][2] * d * e.count
-        nbytes = _shape_bytes(e) * e.count
+        nbytes = _shape_bytes(e, elem_size) * e.count
         if not (t and flops and nbytes) or not e.key.startswith(("aten::", "fusekit::")):
             continue
         sec = t / 1e6

@@ -74,3 +74,21 @@ def test_examples_benchmark_script_is_the_command():
     out = subprocess.run([sys.executable, "examples/benchmark_transformer.py", "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "--models" in out
+
+
+def test_roofline_classifies_ops_with_flops():
+    """GEMMs are judged from FLOPs and bytes against the ridge point of the given ceilings."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fusion_backend.profile import _roofline_ops
+
+    a, x = torch.randn(256, 256), torch.randn(4096, 4)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        a @ a        # 2*256^3 FLOPs on 512 KiB: 64 FLOP/B
+        x @ x[:4]    # 2*4096*4*4 FLOPs on 64 KiB: 2 FLOP/B
+    rows = {r["shapes"]: r for r in _roofline_ops(prof, 1, {"matmul_tflops": 10.0, "copy_gbps": 1000.0},
+                                                  elem_size=4)}
+    big = next(r for s, r in rows.items() if "256, 256" in s)
+    small = next(r for s, r in rows.items() if "4096, 4" in s)
+    assert big["bound"] == "compute" and small["bound"] == "memory", rows
+    assert big["intensity_flop_per_byte"] > 10 > small["intensity_flop_per_byte"]  # ridge: 10 FLOP/B
