@@ -158,7 +158,8 @@ def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int, e
         cat = category(k)
         f, b = costs.get(k, (0.0, 0.0))
         f, b = f / iters, b / iters
-        if f and b and ridge:
+        if f and b and ridge and cat in ("gemm", "attention", "fusekit"):  # a memset launched by an op has
+            # that op's FLOPs attributed, not its own
             bound = "compute" if f / b > ridge else "memory"
             util = (f / (t / 1e3) / 1e12 / ceil["matmul_tflops"] if bound == "compute"
                     else b / (t / 1e3) / 1e9 / ceil["copy_gbps"])
