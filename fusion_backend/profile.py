@@ -174,7 +174,8 @@ def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int, e
             "top_kernels": tops, "hints": hints(cats, total, per_kernel, "GPU" if cuda else "CPU")}
 
 
-def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6, elem_size: int = 2) -> list[dict]:
+def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6, elem_size: int = 2,
+                  device_time: bool = True) -> list[dict]:
     """Ops with FLOPs (GEMMs, attention), grouped by input shape: arithmetic intensity against the ridge
     point of the ceilings measured now, and the fraction of the binding ceiling they reach."""
     if not ceil:
@@ -182,7 +183,7 @@ def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6, elem_s
     ridge = ceil["matmul_tflops"] * 1e12 / (ceil["copy_gbps"] * 1e9)
     rows = []
     for e in prof.key_averages(group_by_input_shape=True):
-        t = getattr(e, "device_time_total", 0) or (0 if torch.cuda.is_available() else e.cpu_time_total)
+        t = getattr(e, "device_time_total", 0) if device_time else e.cpu_time_total
         flops = float(getattr(e, "flops", 0) or 0)
         if ("attention" in e.key or "scaled_dot" in e.key) and e.input_shapes and len(e.input_shapes) >= 3 \
                 and all(isinstance(x, list) and len(x) == 4 for x in e.input_shapes[:3]):

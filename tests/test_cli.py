@@ -87,7 +87,7 @@ def test_roofline_classifies_ops_with_flops():
         a @ a        # 2*256^3 FLOPs on 512 KiB: 64 FLOP/B
         x @ x[:4]    # 2*4096*4*4 FLOPs on 64 KiB: 2 FLOP/B
     rows = {r["shapes"]: r for r in _roofline_ops(prof, 1, {"matmul_tflops": 10.0, "copy_gbps": 1000.0},
-                                                  elem_size=4)}
+                                                  elem_size=4, device_time=False)}
     big = next(r for s, r in rows.items() if "256, 256" in s)
     small = next(r for s, r in rows.items() if "4096, 4" in s)
     assert big["bound"] == "compute" and small["bound"] == "memory", rows
