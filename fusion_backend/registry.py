@@ -182,6 +182,23 @@ def _dummy_scalars(pattern: Pattern) -> dict[str, float | int]:
     return out
 
 
+def _map_dag(expr: Any, fn: Callable[[Any, list[Any], dict[str, Any]], Any]) -> Any:
+    """Rebuild the pattern DAG `expr` bottom-up: each CallFunction becomes fn(node, new args, new kwargs).
+    A node shared by several users (one PatternExpr object) is rebuilt once and stays shared."""
+    memo: dict[int, Any] = {}
+
+    def go(e: Any) -> Any:
+        if isinstance(e, pm.MultiOutputPattern):
+            return pm.MultiOutputPattern([go(o) for o in e.outputs])
+        if not isinstance(e, pm.CallFunction):
+            return e
+        if id(e) not in memo:
+            memo[id(e)] = fn(e, [go(a) for a in e.args], {k: go(v) for k, v in e.kwargs.items()})
+        return memo[id(e)]
+
+    return go(expr)
+
+
 def _dag_variants(expr: Any, is_site: Callable[[Any], bool],
                   rewrite: Callable[[Any, list[Any]], Any]) -> list[Any]:
     """Every variant of the pattern DAG `expr` where each node with `is_site` is rewritten or not. A node
@@ -204,20 +221,8 @@ def _dag_variants(expr: Any, is_site: Callable[[Any], bool],
     out = []
     for chosen in itertools.product((False, True), repeat=len(sites)):
         picked = {id(x) for x, c in zip(sites, chosen) if c}
-        memo: dict[int, Any] = {}
-
-        def rebuild(e: Any) -> Any:
-            if not isinstance(e, pm.CallFunction):
-                return e
-            if id(e) not in memo:
-                args = [rebuild(a) for a in e.args]
-                kwargs = {k: rebuild(v) for k, v in e.kwargs.items()}
-                memo[id(e)] = (rewrite(e, args) if id(e) in picked
-                               else pm.CallFunction(e.fns, *args, _users=e.users, **kwargs))
-            return memo[id(e)]
-
-        new = [rebuild(r) for r in roots]
-        out.append(pm.MultiOutputPattern(new) if isinstance(expr, pm.MultiOutputPattern) else new[0])
+        out.append(_map_dag(expr, lambda e, args, kwargs: (
+            rewrite(e, args) if id(e) in picked else pm.CallFunction(e.fns, *args, _users=e.users, **kwargs))))
     return out
 
 
@@ -232,12 +237,7 @@ def _commuted(expr: Any) -> list[Any]:
 
 def _relaxed(expr: Any) -> Any:
     """`expr` with the one-user constraint dropped, to explain sites where an intermediate is reused."""
-    if isinstance(expr, pm.MultiOutputPattern):
-        return pm.MultiOutputPattern([_relaxed(o) for o in expr.outputs])
-    if not isinstance(expr, pm.CallFunction):
-        return expr
-    return pm.CallFunction(expr.fns, *[_relaxed(a) for a in expr.args], _users=pm.MULTIPLE,
-                           **expr.kwargs)
+    return _map_dag(expr, lambda e, args, kwargs: pm.CallFunction(e.fns, *args, _users=pm.MULTIPLE, **kwargs))
 
 
 def _size(expr: Any) -> int:
@@ -291,11 +291,11 @@ def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device:
     else:
         gm = pm.fwd_only(fn, args)
         argnames = pattern.arg_names
-    literals = _float_literals(gm)
+    floats, ints = _literals(gm)
     workaround, inverse = {}, {}
     for name, d in dummies.items():
         for form, inv in (_SCALAR_FORMS if isinstance(d, float) else _SCALAR_FORMS[:1]):
-            if form(d) in literals or (form(d) == d and d in _int_literals(gm)):
+            if form(d) in (floats if isinstance(d, float) else ints):
                 workaround[name] = form(d)
                 if form(d) != d:
                     inverse[name] = inv
@@ -310,19 +310,12 @@ def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device:
     return expr, inverse
 
 
-def _literals(gm: torch.fx.GraphModule) -> list[Any]:
-    out: list[Any] = []
-    for n in gm.graph.nodes:
-        out += [a for a in pytree.tree_leaves((n.args, n.kwargs)) if not isinstance(a, torch.fx.Node)]
-    return out
-
-
-def _float_literals(gm: torch.fx.GraphModule) -> set[float]:
-    return {a for a in _literals(gm) if isinstance(a, float)}
-
-
-def _int_literals(gm: torch.fx.GraphModule) -> set[int]:
-    return {a for a in _literals(gm) if isinstance(a, int) and not isinstance(a, bool)}
+def _literals(gm: torch.fx.GraphModule) -> tuple[set[float], set[int]]:
+    """The float and the int constants in the node arguments of `gm`."""
+    leaves = [a for n in gm.graph.nodes for a in pytree.tree_leaves((n.args, n.kwargs))
+              if not isinstance(a, torch.fx.Node)]
+    return ({a for a in leaves if isinstance(a, float)},
+            {a for a in leaves if isinstance(a, int) and not isinstance(a, bool)})
 
 
 class _Captured(Exception):
@@ -380,23 +373,15 @@ _SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default
 def _shape_wildcards(expr: Any) -> Any:
     """Sizes in view/reshape/expand/full and device kwargs match anything (the graph's shapes, static or
     symbolic); reduction dims, permutations and dtypes stay exact. Shared nodes stay shared."""
-    memo: dict[int, Any] = {}
+    def wild(e: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if set(e.fns) & _SHAPE_OPS:
+            args = [pm.Ignored() if isinstance(a, (list, tuple)) else a for a in args]
+        kwargs = {k: pm.Ignored() if k == "device" else v for k, v in kwargs.items()}
+        # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
+        fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns
+        return pm.CallFunction(fns, *args, _users=e.users, **kwargs)
 
-    def go(e: Any) -> Any:
-        if isinstance(e, pm.MultiOutputPattern):
-            return pm.MultiOutputPattern([go(o) for o in e.outputs])
-        if not isinstance(e, pm.CallFunction):
-            return e
-        if id(e) not in memo:
-            shape_op = bool(set(e.fns) & _SHAPE_OPS)
-            args = [pm.Ignored() if shape_op and isinstance(a, (list, tuple)) else go(a) for a in e.args]
-            kwargs = {k: pm.Ignored() if k == "device" else go(v) for k, v in e.kwargs.items()}
-            # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
-            fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns
-            memo[id(e)] = pm.CallFunction(fns, *args, _users=e.users, **kwargs)
-        return memo[id(e)]
-
-    return go(expr)
+    return _map_dag(expr, wild)
 
 
 def _clone_variants(expr: Any) -> list[Any]:

@@ -64,8 +64,8 @@ def _keep(case, dev):
 
 
 def _float_mask(case, dt, dev):
-    return (*_qkv(case, dt, dev), torch.zeros(_keep(case, dev).shape, dtype=dt, device=dev)
-            .masked_fill(~_keep(case, dev), float("-inf")))
+    keep = _keep(case, dev)
+    return (*_qkv(case, dt, dev), torch.zeros(keep.shape, dtype=dt, device=dev).masked_fill(~keep, float("-inf")))
 
 
 def _bool_mask(case, dt, dev):
