@@ -21,14 +21,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import fusion_backend
+from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
 from fusion_backend import registry
-
-
-def compiled(p, backend):
-    torch._dynamo.reset()
-    if backend == "fusekit":
-        backend = fusion_backend.backend(options={"patterns": [p.id]})
-    return torch.compile(p.search_fn(), backend=backend, dynamic=False)
 
 
 def sdpa_default(p, args):

@@ -68,6 +68,23 @@ def _shape_bytes(evt: Any, default_size: int = 2) -> float:
     return total
 
 
+def _attention_flops(name: str, shapes: Any) -> float | None:
+    """4*B*H*Sq*Sk*D for an attention op with recorded q, k, v shapes (with_flops does not count SDPA)."""
+    if ("attention" in name or "scaled_dot" in name) and shapes and len(shapes) >= 3 \
+            and all(isinstance(x, list) and len(x) == 4 for x in shapes[:3]):
+        b, h, sq, d = shapes[0]
+        return 4.0 * b * h * sq * shapes[1][2] * d
+    return None
+
+
+def _roofline(flops: float, nbytes: float, seconds: float, ceil: dict) -> tuple[str, float]:
+    """(compute|memory, fraction of the binding ceiling), by intensity against the ceilings' ridge point."""
+    ridge = ceil["matmul_tflops"] * 1e12 / (ceil["copy_gbps"] * 1e9)
+    if flops / nbytes > ridge:
+        return "compute", flops / seconds / 1e12 / ceil["matmul_tflops"]
+    return "memory", nbytes / seconds / 1e9 / ceil["copy_gbps"]
+
+
 def _op_costs(prof: Any) -> dict[str, tuple[float, float]]:
     """(FLOPs, bytes) per kernel name, from the nearest ATen/fusekit op above its launch (FLOPs from
     with_flops, bytes from the recorded input shapes; attention FLOPs from q/k shapes)."""
@@ -81,12 +98,8 @@ def _op_costs(prof: Any) -> dict[str, tuple[float, float]]:
             op = op.cpu_parent
         if op is None:
             continue
-        flops, nbytes = float(getattr(op, "flops", 0) or 0), _shape_bytes(op)
-        shapes = op.input_shapes
-        if ("attention" in op.name or "scaled_dot" in op.name) and len(shapes) >= 3 \
-                and all(isinstance(x, list) and len(x) == 4 for x in shapes[:3]):
-            b, h, sq, d = shapes[0]
-            flops = 4.0 * b * h * sq * shapes[1][2] * d
+        flops = _attention_flops(op.name, op.input_shapes) or float(getattr(op, "flops", 0) or 0)
+        nbytes = _shape_bytes(op)
         for k in kernels:
             f, by = costs.get(k.name, (0.0, 0.0))
             costs[k.name] = (f + flops / len(kernels), by + nbytes / len(kernels))
@@ -152,17 +165,14 @@ def _summarize(prof: Any, cuda: bool, iters: int, ceil: dict | None, top: int, e
     for k, t in per_kernel.items():
         cats[category(k)] += t
     costs = _op_costs(prof) if cuda else {}
-    ridge = ceil["matmul_tflops"] * 1e12 / (ceil["copy_gbps"] * 1e9) if ceil else None
     tops = []
     for k, t in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
         cat = category(k)
         f, b = costs.get(k, (0.0, 0.0))
         f, b = f / iters, b / iters
-        if f and b and ridge and cat in ("gemm", "attention", "fusekit"):  # a memset launched by an op has
+        if f and b and ceil and cat in ("gemm", "attention", "fusekit"):  # a memset launched by an op has
             # that op's FLOPs attributed, not its own
-            bound = "compute" if f / b > ridge else "memory"
-            util = (f / (t / 1e3) / 1e12 / ceil["matmul_tflops"] if bound == "compute"
-                    else b / (t / 1e3) / 1e9 / ceil["copy_gbps"])
+            bound, util = _roofline(f, b, t / 1e3, ceil)
         else:  # no FLOPs: pointwise, norm, reduction and copy kernels move bytes
             bound, util = ("memory" if cat in MEMORY_CATS or cat == "fusekit" else "unknown"), None
         tops.append({"kernel": k, "category": cat, "ms": t, "share": t / total, "calls_per_fwd": calls[k] / iters,
@@ -180,25 +190,18 @@ def _roofline_ops(prof: Any, iters: int, ceil: dict | None, top: int = 6, elem_s
     point of the ceilings measured now, and the fraction of the binding ceiling they reach."""
     if not ceil:
         return []
-    ridge = ceil["matmul_tflops"] * 1e12 / (ceil["copy_gbps"] * 1e9)
     rows = []
     for e in prof.key_averages(group_by_input_shape=True):
         t = getattr(e, "device_time_total", 0) if device_time else e.cpu_time_total
-        flops = float(getattr(e, "flops", 0) or 0)
-        if ("attention" in e.key or "scaled_dot" in e.key) and e.input_shapes and len(e.input_shapes) >= 3 \
-                and all(isinstance(x, list) and len(x) == 4 for x in e.input_shapes[:3]):
-            b, h, sq, d = e.input_shapes[0]
-            flops = 4.0 * b * h * sq * e.input_shapes[1][2] * d * e.count
+        attn = _attention_flops(e.key, e.input_shapes)
+        flops = attn * e.count if attn else float(getattr(e, "flops", 0) or 0)
         nbytes = _shape_bytes(e, elem_size) * e.count
         if not (t and flops and nbytes) or not e.key.startswith(("aten::", "fusekit::")):
             continue
         sec = t / 1e6
-        intensity = flops / nbytes
-        bound = "compute" if intensity > ridge else "memory"
-        frac = (flops / sec / 1e12 / ceil["matmul_tflops"] if bound == "compute"
-                else nbytes / sec / 1e9 / ceil["copy_gbps"])
+        bound, frac = _roofline(flops, nbytes, sec, ceil)
         rows.append({"op": e.key, "shapes": str(e.input_shapes)[:80], "ms": t / 1e3 / iters,
-                     "tflops": flops / sec / 1e12, "intensity_flop_per_byte": intensity, "bound": bound,
+                     "tflops": flops / sec / 1e12, "intensity_flop_per_byte": flops / nbytes, "bound": bound,
                      "ceiling_fraction": frac})
     return sorted(rows, key=lambda r: -r["ms"])[:top]
 
