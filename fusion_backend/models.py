@@ -3,7 +3,7 @@ hub download), at their real sizes for the GPU and as tiny configurations for a 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -12,66 +12,44 @@ import torch
 class ModelSpec:
     name: str
     what: str
-    build: Callable[[bool], Any]      # tiny -> nn.Module
+    config: str                       # transformers config class
+    model: str                        # transformers model class
+    full: dict[str, Any]              # config kwargs of the real model (GPU)
+    tiny: dict[str, Any]              # config kwargs of the CPU configuration
     dtype: torch.dtype                # GPU dtype
     batch: int                        # GPU defaults (the reference points)
     seq: int
     encoder: bool                     # takes a padding attention_mask
 
+    def build(self, tiny: bool) -> Any:
+        import transformers
 
-def _t():
-    import transformers
-
-    return transformers
-
-
-def _gpt2(tiny: bool):
-    T = _t()
-    cfg = (T.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0,
-                          eos_token_id=0) if tiny
-           else T.GPT2Config())
-    return T.GPT2LMHeadModel(cfg)
+        cfg = getattr(transformers, self.config)(**(self.tiny if tiny else self.full))
+        return getattr(transformers, self.model)(cfg)
 
 
-def _llama(tiny: bool):
-    T = _t()
-    cfg = (T.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128) if tiny else
-           T.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
-                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096))
-    return T.LlamaForCausalLM(cfg)
-
-
-def _bert(tiny: bool):
-    T = _t()
-    cfg = (T.BertConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
-                        vocab_size=256, max_position_embeddings=128) if tiny else T.BertConfig())
-    return T.BertModel(cfg)
-
-
-def _roberta(tiny: bool):
-    T = _t()
-    cfg = (T.RobertaConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
-                           vocab_size=256, max_position_embeddings=130) if tiny else T.RobertaConfig())
-    return T.RobertaModel(cfg)
-
-
-def _qwen2(tiny: bool):
-    T = _t()
-    cfg = (T.Qwen2Config(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128) if tiny else
-           T.Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096))
-    return T.Qwen2ForCausalLM(cfg)
-
+_TINY_DECODER = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+_TINY_ENCODER = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                     vocab_size=256)
 
 MODELS = {m.name: m for m in [
-    ModelSpec("gpt2", "GPT-2 124M", _gpt2, torch.float16, 8, 512, False),
-    ModelSpec("llama", "Llama-style, hidden 2048, 8 layers, GQA 16/4", _llama, torch.bfloat16, 4, 512, False),
-    ModelSpec("bert", "BERT-base", _bert, torch.float16, 16, 256, True),
-    ModelSpec("roberta", "RoBERTa-base", _roberta, torch.float16, 16, 256, True),
-    ModelSpec("qwen2", "Qwen2-style, hidden 1536, 8 layers, GQA 12/2, bias on q/k/v", _qwen2, torch.bfloat16, 4,
-              512, False),
+    ModelSpec("gpt2", "GPT-2 124M", "GPT2Config", "GPT2LMHeadModel", {},
+              dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0,
+                   eos_token_id=0), torch.float16, 8, 512, False),
+    ModelSpec("llama", "Llama-style, hidden 2048, 8 layers, GQA 16/4", "LlamaConfig", "LlamaForCausalLM",
+              dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096),
+              _TINY_DECODER, torch.bfloat16, 4, 512, False),
+    ModelSpec("bert", "BERT-base", "BertConfig", "BertModel", {},
+              dict(_TINY_ENCODER, max_position_embeddings=128), torch.float16, 16, 256, True),
+    ModelSpec("roberta", "RoBERTa-base", "RobertaConfig", "RobertaModel", {},
+              dict(_TINY_ENCODER, max_position_embeddings=130), torch.float16, 16, 256, True),
+    ModelSpec("qwen2", "Qwen2-style, hidden 1536, 8 layers, GQA 12/2, bias on q/k/v", "Qwen2Config",
+              "Qwen2ForCausalLM",
+              dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
+                   num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096),
+              _TINY_DECODER, torch.bfloat16, 4, 512, False),
 ]}
 TINY = dict(batch=2, seq=32)
 

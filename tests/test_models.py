@@ -7,21 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import CPU  # noqa: E402
 import fusion_backend  # noqa: E402
-
-
-def tiny(name):
-    T = transformers
-    if name == "gpt2":
-        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=128,
-                                              n_positions=64, bos_token_id=0, eos_token_id=0))
-    if name == "bert":
-        return T.BertModel(T.BertConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
-                                        intermediate_size=128, vocab_size=128, max_position_embeddings=64))
-    if name == "llama":
-        return T.LlamaForCausalLM(T.LlamaConfig(num_hidden_layers=2, num_attention_heads=4,
-                                                num_key_value_heads=2, hidden_size=64, intermediate_size=128,
-                                                vocab_size=128, max_position_embeddings=64))
-    raise KeyError(name)
+from fusion_backend import models  # noqa: E402 - the tiny configurations `fusekit bench` runs on CPU
 
 
 EXPECT = {"gpt2": "elementwise.gelu_tanh", "bert": "elementwise.gelu_erf", "llama": "elementwise.silu_mul"}
@@ -30,13 +16,11 @@ EXPECT = {"gpt2": "elementwise.gelu_tanh", "bert": "elementwise.gelu_erf", "llam
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_tiny_model_matches_eager_and_fuses(name):
-    torch.manual_seed(0)
-    model = tiny(name).eval()
-    ids = torch.randint(0, 128, (2, 16))
+    model, inputs, _ = models.make(name, "cpu")
     with torch.no_grad():
-        ref = model(ids)[0]
-        rep = fusion_backend.explain(model, ids, options=CPU)
-    out = rep.output[0]
+        ref = models.first_output(model(**inputs))
+        rep = fusion_backend.explain(model, **inputs, options=CPU)
+    out = models.first_output(rep.output)
     print(rep)
     assert rep.sites[EXPECT[name]] >= 2, str(rep)  # one per layer
     assert not rep.errors, str(rep)
