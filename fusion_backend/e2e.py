@@ -14,7 +14,7 @@ import torch
 
 from . import models, stats
 from .backend import backend as fusekit_backend
-from .report import Report
+from .report import Report, no_compile_caches
 
 MODES = ("eager", "inductor", "fusekit", "fusekit-ro")
 
@@ -31,20 +31,6 @@ def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
     if mode == "fusekit-ro":
         return torch.compile(model, backend=fusekit_backend(mode="reduce-overhead", options=opts))
     raise ValueError(mode)
-
-
-def _cold():
-    """Compile from scratch: no FX-graph / AOT cache hits (which would also skip fusekit's pass and its
-    report), so compile times of Inductor and fusekit compare like for like."""
-    import contextlib
-
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False))
-    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
-    return stack
 
 
 def _time(fn: Callable[[], Any], cpu: bool, cudagraphs: bool) -> float:
@@ -83,7 +69,8 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
             if not cpu:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            with stats.collect() as records, _cold():
+            # cold compiles for Inductor and fusekit alike (a cache hit would also skip fusekit's pass)
+            with stats.collect() as records, no_compile_caches():
                 t0 = time.perf_counter()
                 if mode == "fusekit-ro":
                     torch.compiler.cudagraph_mark_step_begin()

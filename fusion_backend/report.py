@@ -83,14 +83,22 @@ class Report:
 
 
 @contextlib.contextmanager
-def _fresh_compile() -> Iterator[None]:
-    """explain must see the pass run: no FX-graph or AOTAutograd cache hits, no Dynamo cache."""
+def no_compile_caches() -> Iterator[None]:
+    """Compile from scratch: no FX-graph (local or remote) or AOTAutograd cache hits, which would also
+    skip fusekit's pass and leave no report."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
-    torch._dynamo.reset()
-    with inductor_config.patch(fx_graph_cache=False), \
+    with inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
             functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
+@contextlib.contextmanager
+def _fresh_compile() -> Iterator[None]:
+    """explain must see the pass run: no compile caches, no Dynamo cache."""
+    torch._dynamo.reset()
+    with no_compile_caches():
         yield
     torch._dynamo.reset()
 
