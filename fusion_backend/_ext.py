@@ -63,15 +63,64 @@ def device_arch(device: int | None = None) -> str:
     return f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
 
 
-def sources(root: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(root.glob("*.cu"))
+# A kernel file that needs more than the CUDA toolkit says so in a "// fusekit-build:" line: "cutlass" (the
+# CUTLASS/CuTe headers) and "sm_90a" (wgmma/TMA: compiled only for that arch). Elsewhere it is left out
+# of the build; its op then has no CUDA kernel and its patterns stay with Inductor.
+def requirements(src: pathlib.Path) -> set[str]:
+    for line in src.read_text().splitlines()[:40]:
+        if line.startswith("// fusekit-build:"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cutlass_include() -> list[str]:
+    """CUTLASS's include dirs: $CUTLASS_PATH (a CUTLASS checkout) or the nvidia-cutlass wheel's copy
+    (pip install --no-deps nvidia-cutlass); [] when neither exists."""
+    roots = []
+    if os.environ.get("CUTLASS_PATH"):
+        roots.append(pathlib.Path(os.environ["CUTLASS_PATH"]))
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec and spec.submodule_search_locations:
+        roots.append(pathlib.Path(list(spec.submodule_search_locations)[0]) / "source")
+    for r in roots:
+        if (r / "include" / "cutlass" / "cutlass.h").exists():
+            return [str(r / "include"), str(r / "tools" / "util" / "include")]
+    return []
+
+
+def sources(root: pathlib.Path, arch: str = "any") -> list[pathlib.Path]:
+    """The kernel files that can be built for `arch` here ("any": every file, for the build id)."""
+    out = []
+    for f in sorted(root.glob("*.cu")):
+        need = requirements(f)
+        if arch != "any" and (("cutlass" in need and not cutlass_include())
+                              or ("sm_90a" in need and arch != "9.0a")):
+            continue
+        out.append(f)
+    return out
+
+
+def skipped(arch: str) -> dict[str, str]:
+    """{kernel file: why it is not built for `arch`}."""
+    root = csrc_dir()
+    if root is None:
+        return {}
+    built = set(sources(root, arch))
+    out = {}
+    for f in sources(root):
+        if f not in built:
+            need = requirements(f)
+            out[f.name] = ("needs the CUTLASS headers (pip install --no-deps nvidia-cutlass)"
+                           if "cutlass" in need and not cutlass_include() else f"sm_90a only (device is sm_{arch})")
+    return out
 
 
 def build_dir(root: pathlib.Path, arch: str) -> pathlib.Path:
     h = hashlib.sha256()
     for f in sorted([*root.glob("*.cu"), *root.glob("*.h"), *root.glob("*.cuh")]):
         h.update(f.name.encode() + f.read_bytes())
-    h.update(repr((CXX_FLAGS, CUDA_FLAGS, torch.__version__, torch.version.cuda, arch)).encode())
+    h.update(repr((CXX_FLAGS, CUDA_FLAGS, torch.__version__, torch.version.cuda, arch,
+                   [f.name for f in sources(root, arch)], cutlass_include())).encode())
     cache = pathlib.Path(os.environ.get("FUSEKIT_CACHE", "~/.cache/fusekit")).expanduser()
     return cache / f"torch{torch.__version__}-cu{torch.version.cuda}-sm{arch}-{h.hexdigest()[:16]}"
 
@@ -97,9 +146,11 @@ def build(arch: str, verbose: bool = False) -> pathlib.Path:
     t0 = time.time()
     print(f"fusekit: building CUDA kernels for sm_{arch.replace('.', '')} into {bd} "
           f"(once per torch/CUDA/arch/source version; about a minute)", file=sys.stderr, flush=True)
-    load(name=NAME, sources=[str(s) for s in sources(root)], build_directory=str(bd),
+    for name, why in skipped(arch).items():
+        print(f"fusekit: not building {name}: {why}", file=sys.stderr)
+    load(name=NAME, sources=[str(s) for s in sources(root, arch)], build_directory=str(bd),
          extra_cflags=CXX_FLAGS, extra_cuda_cflags=[*CUDA_FLAGS, arch_flag(arch)],
-         extra_include_paths=[str(root)], is_python_module=False, verbose=verbose)
+         extra_include_paths=[str(root), *cutlass_include()], is_python_module=False, verbose=verbose)
     print(f"fusekit: built in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     return so
 
@@ -143,7 +194,8 @@ def missing_cuda_kernel(op: str, device: torch.device) -> str | None:
     if device_arch(device.index) != st.arch:
         return f"kernels built for sm_{st.arch}, device is sm_{device_arch(device.index)}"
     if not has_cuda_kernel(op):
-        return f"fusekit::{op} has no CUDA kernel yet"
+        why = skipped(st.arch or "any").get(f"{op}.cu")
+        return f"fusekit::{op} has no CUDA kernel" + (f" here: {op}.cu {why}" if why else " yet")
     return None
 
 

@@ -165,6 +165,57 @@ def attention_inputs(q: str, k: str, v: str, mask: str | None = None) -> Guard:
     return Guard(f"attention_inputs({q}, {k}, {v}{', ' + mask if mask else ''})", check)
 
 
+def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | None = None,
+                    linear: bool = False) -> Guard:
+    """What the TMA GEMM of fusekit::matmul_epilogue reads (csrc/matmul_epilogue.cu): a [L, M, K] /
+    [.., M, K] with a unit last stride, b [L, K, N] / [K, N] ([.., N, K] when `linear`) with a unit
+    stride in one of its last two dims, K and N multiples of 8, every other stride and storage offset a
+    multiple of 8 elements (16 bytes), a contiguous bias [N] and a residual shaped like the output with a
+    unit last stride. Sizes and strides must be plain ints here (a symbolic one: no rewrite)."""
+    def ints(*vals: Any) -> bool:
+        return all(isinstance(v, int) for v in vals)
+
+    def aligned(t: Tensor, skip: int) -> bool:  # strides except the unit one (index `skip`), and offset
+        return all(st % 8 == 0 and st > 0 for i, st in enumerate(t.stride()) if i != skip % t.dim()
+                   and t.shape[i] > 1) and t.storage_offset() % 8 == 0
+
+    def check(s: Site) -> str | None:
+        ta, tb = s.tensor(a), s.tensor(b)
+        if not ints(*ta.shape, *tb.shape, *ta.stride(), *tb.stride(), ta.storage_offset(), tb.storage_offset()):
+            return "symbolic sizes or strides"
+        bt = tb.transpose(-1, -2) if linear else tb
+        if bt.dim() == 3:
+            if ta.dim() != 3 or ta.shape[0] != bt.shape[0]:
+                return f"batched {a} {tuple(ta.shape)} and {b} {tuple(tb.shape)} are not [L, M, K] @ [L, K, N]"
+        elif bt.dim() != 2 or ta.dim() < 2:
+            return f"{a} {tuple(ta.shape)} @ {b} {tuple(tb.shape)}: want 2-D or 3-D operands"
+        k, n = bt.shape[-2], bt.shape[-1]
+        if k % 8 or n % 8 or k == 0:
+            return f"K={k} and N={n} must be positive multiples of 8 (16-byte rows for TMA)"
+        if ta.stride(-1) != 1 or not aligned(ta, -1):
+            return f"{a} needs a unit last stride and 16-byte strides; strides {ta.stride()}"
+        if ta.dim() > 2 and bt.dim() == 2 and not ta.is_contiguous():
+            return f"{a} {tuple(ta.shape)} with a 2-D weight must be contiguous (rows flattened into M)"
+        unit = -1 if bt.stride(-1) == 1 else -2 if bt.stride(-2) == 1 else None
+        if unit is None or not aligned(bt, unit):
+            return f"{b} needs a unit stride in one of its last two dims and 16-byte strides; strides {tb.stride()}"
+        out = (*ta.shape[:-1], n)
+        if bias is not None:
+            tbias = s.tensor(bias)
+            if tuple(tbias.shape) != (n,) or tbias.stride(0) != 1 or tbias.storage_offset() % 8:
+                return f"{bias} {tuple(tbias.shape)} must be a contiguous [{n}] vector"
+        if residual is not None:
+            r = s.tensor(residual)
+            if not ints(*r.shape, *r.stride(), r.storage_offset()) or tuple(r.shape) != out:
+                return f"{residual} {tuple(r.shape)} must be shaped like the output {out}"
+            if r.stride(-1) != 1 or not aligned(r, -1) or (r.dim() > 2 and bt.dim() == 2 and not r.is_contiguous()):
+                return f"{residual} needs a unit last stride and 16-byte strides; strides {r.stride()}"
+        return None
+
+    return Guard(f"matmul_operands({a}, {b}{', ' + bias if bias else ''}{', ' + residual if residual else ''})",
+                 check)
+
+
 # ---- guards every pattern gets --------------------------------------------------------------------
 def _dtype_guard(p: "Pattern") -> Guard:
     first = next(n for n, k in p.params if k == "tensor")

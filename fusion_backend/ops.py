@@ -46,10 +46,11 @@ SCHEMAS = {
     "dyn_quant_i8": "dyn_quant_i8(Tensor x, float eps) -> (Tensor, Tensor)",
     "quant_fp8": "quant_fp8(Tensor x, float scale, *, Tensor? scale_t=None) -> Tensor",
     "dyn_quant_fp8": "dyn_quant_fp8(Tensor x, float eps) -> (Tensor, Tensor)",
-    # batched matmul
-    "bmm_scale_bias_gelu": (
-        "bmm_scale_bias_gelu(Tensor a, Tensor b, float scale, Tensor bias, str approximate, *, "
-        "Tensor? scale_t=None) -> Tensor"
+    # tensor-core GEMM + epilogue: act(matmul(a, b) * scale + bias) + residual; linear: b is [.., N, K];
+    # act in none/gelu/gelu_tanh/relu/silu
+    "matmul_epilogue": (
+        "matmul_epilogue(Tensor a, Tensor b, Tensor? bias, Tensor? residual, float? scale, str act, "
+        "bool linear, *, Tensor? scale_t=None) -> Tensor"
     ),
     # attention: softmax(q @ k^T * scale + mask) @ v; safe=True zeroes fully masked rows (SDPA's math
     # backend), safe=False leaves them NaN (a plain softmax)
@@ -60,7 +61,9 @@ SCHEMAS = {
     ),
 }
 # Ops that take any strides (their kernels read strided inputs): no copies forced before them.
-ANY_STRIDES = {"attention"}
+ANY_STRIDES = {"attention", "matmul_epilogue"}
+# Ops whose output takes the layout of their first input (the fake's empty_like), not a contiguous one.
+OUT_LIKE_FIRST = {"attention"}
 for _name, _schema in SCHEMAS.items():
     LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
 
@@ -162,11 +165,12 @@ def _(x, scale, zp, qmin, qmax, *, scale_t=None, zp_t=None):
     return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("fusekit::bmm_scale_bias_gelu")
-def _(a, b, scale, bias, approximate, *, scale_t=None):
-    torch._check(a.dim() == 3 and b.dim() == 3 and a.shape[2] == b.shape[1],
-                 lambda: f"bmm_scale_bias_gelu: bad shapes {tuple(a.shape)} @ {tuple(b.shape)}")
-    return a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+@torch.library.register_fake("fusekit::matmul_epilogue")
+def _(a, b, bias, residual, scale, act, linear, *, scale_t=None):
+    bt = b.transpose(-1, -2) if linear else b
+    torch._check(a.shape[-1] == bt.shape[-2] and (bt.dim() == 2 or (a.dim() == 3 and bt.dim() == 3)),
+                 lambda: f"matmul_epilogue: bad shapes {tuple(a.shape)} @ {tuple(bt.shape)}")
+    return a.new_empty((*a.shape[:-1], bt.shape[-1]))  # contiguous
 
 
 @torch.library.register_fake("fusekit::attention")

@@ -501,7 +501,9 @@ def select(patterns: Sequence[str] | None, disable: Sequence[str] = ()) -> tuple
 
 
 def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
-    float_names = pattern.tensor_scalars
+    # every float of the shared reference may come as a `_t` companion (a rule may hold it static)
+    float_names = [n for n, p in inspect.signature(pattern.reference).parameters.items()
+                   if "float" in str(p.annotation) and n not in pattern.literals]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         args = list(args)
@@ -511,7 +513,7 @@ def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
             if t is not None:
                 args[names.index(n)] = t
         out = pattern.reference(*args, **kwargs)
-        if pattern.op in ops.ANY_STRIDES:  # the fake's layout: q's
+        if pattern.op in ops.OUT_LIKE_FIRST:  # the fake's layout: q's
             return torch.empty_like(args[0]).copy_(out)
         return out.contiguous() if isinstance(out, Tensor) else tuple(o.contiguous() for o in out)
 

@@ -1,0 +1,296 @@
+// fusekit::matmul_epilogue -- a tensor-core GEMM whose epilogue (scale, bias, activation, residual)
+// runs in registers before the one store of the output (Hopper: CUTLASS 3 wgmma + TMA, warp-specialized
+// persistent kernel, fp32 accumulation).
+//
+//   def matmul_epilogue_ref(a, b, bias=None, residual=None, scale=1.0, act="none", linear=False):
+//       y = F.linear(a, b) if linear else torch.matmul(a, b)      # linear: b is a weight [N, K]
+//       y = ACT[act](y * scale + bias) + residual                 # each term only when given
+//
+// Contract: a [L, M, K] or [M, K] (or [..., K] with 2-D b: leading dims flattened into M when they are
+// viewable); b [L, K, N] or [K, N] ([.., N, K] when linear); fp16 or bf16, one dtype; each operand has a
+// unit stride in one of its last two dims, 16-byte-aligned data and leading/batch strides that are
+// multiples of 8 elements (TMA); K and N multiples of 8. bias [N] and residual [L, M, N] (unit last
+// stride) of the same dtype. act in {none, gelu, gelu_tanh, relu, silu}. Returns a new contiguous
+// [.., M, N] tensor of a's dtype. sm_90 only (the file is compiled only for sm_90a; elsewhere the op has
+// no CUDA kernel and the pattern stays with Inductor).
+// Requires CUTLASS headers (pip install --no-deps nvidia-cutlass, or CUTLASS_PATH); see fusion_backend/_ext.py.
+// fusekit-build: cutlass sm_90a
+// CUTLASS/CuTe assert() calls become function calls inside the kernel, which makes ptxas serialize every
+// wgmma ("crossing function boundary", measured at compile time): release semantics for this file.
+#ifndef NDEBUG
+#define NDEBUG 1
+#endif
+#include "fusekit.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/kernel_hardware_info.h>
+
+namespace fusekit {
+namespace {
+
+using namespace cute;
+
+enum Act : int { kNone = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3, kSilu = 4 };
+
+Act parse_act(const std::string& act) {
+  if (act == "none") return kNone;
+  if (act == "gelu") return kGelu;
+  if (act == "gelu_tanh") return kGeluTanh;
+  if (act == "relu") return kRelu;
+  if (act == "silu") return kSilu;
+  TORCH_CHECK(false, "fusekit: act must be one of none, gelu, gelu_tanh, relu, silu; got '", act, "'");
+}
+
+// The activation is a runtime argument (a uniform branch per fragment): one kernel serves all five,
+// instead of five times the instantiations and compile time.
+template <class T>
+struct RuntimeAct {
+  struct Arguments {
+    int act = kNone;
+  };
+  CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
+#ifdef __CUDA_ARCH__
+    switch (args.act) {
+      case kGelu: return gelu_erf(x);
+      case kGeluTanh: return gelu_tanh(x);
+      case kRelu: return relu(x);
+      case kSilu: return silu(x);
+      default: return x;
+    }
+#else
+    return x;
+#endif
+  }
+};
+
+template <class T, int N>
+struct RuntimeAct<cutlass::Array<T, N>> {
+  using Arguments = typename RuntimeAct<T>::Arguments;
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
+    cutlass::Array<T, N> out;
+    RuntimeAct<T> f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = f(v[i], args);
+    return out;
+  }
+};
+
+// One GEMM configuration: element type, B's layout (RowMajor: b is [K, N] with unit N stride;
+// ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight) and CTA tile.
+template <class Element, class LayoutB, class Tile, class Cluster>
+struct Gemm {
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutC = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 8;  // 16 bytes
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, Element, float, Element, Element,
+                                                                     float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC, kAlign, Element, LayoutC,
+      kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
+      Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+struct Problem {
+  int64_t L, M, N, K;
+  const void *a, *b, *bias, *c;
+  void* d;
+  int64_t lda, sa, ldb, sb, ldc, sc;  // leading and batch strides, in elements
+  bool b_kmajor;
+  float alpha;
+  const float* alpha_ptr;
+  float beta;
+  int act;
+};
+
+template <class G>
+void run(const Problem& p, const at::Tensor& like) {
+  using Device = typename G::Device;
+  using Element = typename G::Kernel::ElementA;
+  using StrideA = typename G::Kernel::StrideA;
+  using StrideB = typename G::Kernel::StrideB;
+  using StrideC = typename G::Kernel::StrideC;
+  using StrideD = typename G::Kernel::StrideD;
+  StrideA sA = make_stride(p.lda, Int<1>{}, p.sa);
+  StrideB sB;
+  if constexpr (std::is_same_v<StrideB, Stride<int64_t, Int<1>, int64_t>>) sB = make_stride(p.ldb, Int<1>{}, p.sb);
+  else sB = make_stride(Int<1>{}, p.ldb, p.sb);
+  StrideC sC = make_stride(p.ldc, Int<1>{}, p.sc);
+  StrideD sD = make_stride(p.N, Int<1>{}, p.M * p.N);
+
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = like.device().index();
+  static int sms[64] = {0};
+  if (sms[hw.device_id] == 0)
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms[hw.device_id], cudaDevAttrMultiProcessorCount, hw.device_id));
+  hw.sm_count = sms[hw.device_id];
+
+  typename Device::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {int(p.M), int(p.N), int(p.K), int(p.L)},
+      {static_cast<const Element*>(p.a), sA, static_cast<const Element*>(p.b), sB},
+      {{}, static_cast<const Element*>(p.c), sC, static_cast<Element*>(p.d), sD},
+      hw};
+  auto& f = args.epilogue.thread;
+  f.alpha = p.alpha;
+  f.alpha_ptr = p.alpha_ptr;
+  f.beta = p.beta;
+  f.bias_ptr = static_cast<const Element*>(p.bias);
+  f.activation.act = p.act;
+
+  Device gemm;
+  TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess,
+              "fusekit: matmul_epilogue: CUTLASS cannot run this problem (alignment or strides)");
+  const size_t ws_bytes = Device::get_workspace_size(args);
+  at::Tensor ws = at::empty({int64_t(ws_bytes)}, like.options().dtype(at::kByte));  // caching allocator
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto st = gemm.initialize(args, ws_bytes ? ws.data_ptr() : nullptr, stream);
+  TORCH_CHECK(st == cutlass::Status::kSuccess, "fusekit: matmul_epilogue: initialize failed: ",
+              cutlassGetStatusString(st));
+  st = gemm.run(stream);
+  TORCH_CHECK(st == cutlass::Status::kSuccess, "fusekit: matmul_epilogue: launch failed: ", cutlassGetStatusString(st));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+using Tile128x128 = Shape<_128, _128, _64>;
+using Tile128x64 = Shape<_128, _64, _64>;
+using Tile128x256 = Shape<_128, _256, _64>;
+using Cluster1 = Shape<_1, _1, _1>;
+using Cluster2 = Shape<_2, _1, _1>;
+
+// Tile by shape: N <= 64 (attention-style p @ v, narrow outputs) takes 128x64 tiles; problems with many
+// output tiles take 128x256 with a 2-CTA cluster (A multicast); the rest 128x128.
+template <class Element, class LayoutB>
+void dispatch(const Problem& p, const at::Tensor& like) {
+  const int64_t tiles256 = p.L * ((p.M + 127) / 128) * ((p.N + 255) / 256);
+  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1>>(p, like);
+  else if (tiles256 >= 4 * 132 && p.K >= 512) run<Gemm<Element, LayoutB, Tile128x256, Cluster2>>(p, like);
+  else run<Gemm<Element, LayoutB, Tile128x128, Cluster1>>(p, like);
+}
+
+bool ok_stride(int64_t s) { return s % 8 == 0 && s > 0; }
+
+// (unit-stride dim is the last) -> row-major; returns false when neither of the last two dims is unit.
+// `rows`: the operand's row count, `cols`: its column count (the logical [rows, cols] matrix).
+bool layout_of(const at::Tensor& t, bool& row_major, int64_t& ld, int64_t& batch) {
+  const int64_t r = t.dim();
+  const int64_t rows = t.size(r - 2), cols = t.size(r - 1);
+  const int64_t s_r = t.stride(r - 2), s_c = t.stride(r - 1);
+  if (s_c == 1 || cols == 1) {
+    row_major = true;
+    ld = rows == 1 ? std::max<int64_t>(cols, 8) : s_r;
+  } else if (s_r == 1 || rows == 1) {
+    row_major = false;
+    ld = cols == 1 ? std::max<int64_t>(rows, 8) : s_c;
+  } else {
+    return false;
+  }
+  // a single matrix gets a nominal batch stride (TMA wants a real one)
+  batch = (r == 3 && t.size(0) > 1) ? t.stride(0) : (row_major ? rows : cols) * ld;
+  return true;
+}
+
+at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, const std::optional<at::Tensor>& bias,
+                                const std::optional<at::Tensor>& residual, double scale, c10::string_view act,
+                                bool linear, const std::optional<at::Tensor>& scale_t) {
+  FK_CHECK_CUDA(a_in);
+  FK_CHECK_CUDA(b_in);
+  TORCH_CHECK(a_in.scalar_type() == at::kHalf || a_in.scalar_type() == at::kBFloat16,
+              "fusekit: matmul_epilogue: a must be float16 or bfloat16, got ", describe(a_in));
+  TORCH_CHECK(b_in.scalar_type() == a_in.scalar_type() && b_in.device() == a_in.device(),
+              "fusekit: matmul_epilogue: b must have a's dtype and device; got a ", describe(a_in), ", b ",
+              describe(b_in));
+  const int act_id = parse_act(std::string(act));
+  at::Tensor b = linear ? b_in.transpose(-1, -2) : b_in;
+  at::Tensor a = a_in;
+  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, "fusekit: matmul_epilogue: b must be 2-D or 3-D, got ", describe(b_in));
+  std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end() - 1);  // [..., M] + [N]
+  if (b.dim() == 2) {
+    TORCH_CHECK(a.dim() >= 2, "fusekit: matmul_epilogue: a must have at least 2 dims, got ", describe(a_in));
+    if (a.dim() > 2) {  // [..., M, K] @ [K, N]: the rows of all leading dims form M
+      TORCH_CHECK(a.stride(-1) == 1, "fusekit: matmul_epilogue: a with more than 2 dims needs a unit last stride");
+      a = a.reshape({-1, a.size(-1)});
+      TORCH_CHECK(a.is_alias_of(a_in), "fusekit: matmul_epilogue: a's leading dims must be viewable as one");
+    }
+  } else {
+    TORCH_CHECK(a.dim() == 3 && a.size(0) == b.size(0), "fusekit: matmul_epilogue: batched a and b must be "
+                "[L, M, K] and [L, K, N]; got a ", describe(a_in), ", b ", describe(b_in));
+  }
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1), L = b.dim() == 3 ? b.size(0) : 1;
+  TORCH_CHECK(b.size(-2) == K, "fusekit: matmul_epilogue: inner dims differ: a ", describe(a_in), ", b ",
+              describe(b_in), linear ? " (linear: b is [N, K])" : "");
+  TORCH_CHECK(K % 8 == 0 && N % 8 == 0 && K > 0,
+              "fusekit: matmul_epilogue: K and N must be positive multiples of 8 (16-byte rows); got K=", K, ", N=", N);
+
+  Problem p{};
+  p.L = L, p.M = M, p.N = N, p.K = K;
+  bool a_row = false;
+  TORCH_CHECK(layout_of(a, a_row, p.lda, p.sa) && a_row && ok_stride(p.lda) && ok_stride(p.sa) &&
+                  aligned16(a.data_ptr()),
+              "fusekit: matmul_epilogue: a needs a unit last stride, strides that are multiples of 8 and 16-byte "
+              "aligned data; got ", describe(a_in));
+  TORCH_CHECK(layout_of(b, p.b_kmajor, p.ldb, p.sb) && ok_stride(p.ldb) && ok_stride(p.sb) && aligned16(b.data_ptr()),
+              "fusekit: matmul_epilogue: b needs a unit stride in one of its last two dims, strides that are "
+              "multiples of 8 and 16-byte aligned data; got ", describe(b_in));
+  p.b_kmajor = !p.b_kmajor;  // a row-major [K, N] b is N-major; a column-major one is K-major
+
+  out_shape.push_back(N);
+  at::Tensor out = at::empty(out_shape, a.options());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == a.scalar_type() &&
+                    bias->device() == a.device() && bias->stride(0) == 1 && aligned16(bias->data_ptr()),
+                "fusekit: matmul_epilogue: bias must be a contiguous, 16-byte aligned [N=", N,
+                "] tensor of a's dtype and device; got ", describe(*bias));
+  }
+  at::Tensor c = out;
+  p.ldc = N, p.sc = M * N;
+  if (residual.has_value()) {
+    c = *residual;
+    TORCH_CHECK(c.sizes() == out.sizes() && c.scalar_type() == a.scalar_type() && c.device() == a.device(),
+                "fusekit: matmul_epilogue: residual must match the output ", describe(out), "; got ", describe(c));
+    if (c.dim() > 3 || (b.dim() == 2 && c.dim() > 2)) c = c.reshape({-1, N});  // a view when viewable
+    bool c_row = false;
+    int64_t ldc = 0, sc = 0;
+    TORCH_CHECK(layout_of(c, c_row, ldc, sc) && c_row && ok_stride(ldc) && ok_stride(sc) && aligned16(c.data_ptr()),
+                "fusekit: matmul_epilogue: residual needs a unit last stride, strides that are multiples of 8 "
+                "and 16-byte aligned data; got ", describe(*residual));
+    p.ldc = ldc, p.sc = sc;
+  }
+  if (out.numel() == 0) return out;
+
+  c10::cuda::CUDAGuard guard(a.device());
+  ScalarArg s = scalar_arg("scale", scale, scale_t, a.device());
+  p.a = a.data_ptr(), p.b = b.data_ptr(), p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.c = c.data_ptr(), p.d = out.data_ptr();
+  p.alpha = s.value, p.alpha_ptr = s.ptr;
+  p.beta = residual.has_value() ? 1.f : 0.f;  // beta == 0: C (here the output itself) is never read
+  p.act = act_id;
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device().index()));
+  TORCH_CHECK(major == 9, "fusekit: matmul_epilogue runs on sm_90 GPUs only");
+  if (a.scalar_type() == at::kHalf) {
+    if (p.b_kmajor) dispatch<cutlass::half_t, cutlass::layout::ColumnMajor>(p, out);
+    else dispatch<cutlass::half_t, cutlass::layout::RowMajor>(p, out);
+  } else {
+    if (p.b_kmajor) dispatch<cutlass::bfloat16_t, cutlass::layout::ColumnMajor>(p, out);
+    else dispatch<cutlass::bfloat16_t, cutlass::layout::RowMajor>(p, out);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("matmul_epilogue", &fusekit::matmul_epilogue_cuda); }
