@@ -213,3 +213,45 @@ def test_attention_mask_broadcasts_and_layouts(p, dtype):
         args = [q, k, v, m, scale]
         out = registry.call_op(p, args)
         _check(p, args, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
+    """fusekit::matmul_epilogue beyond the table's cases: b with a padded row pitch and K-major, the scale
+    as a host or device 0-dim tensor, a strided residual, CUDA-graph capture and replay, clear errors."""
+    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+    if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+        pytest.skip("no matmul_epilogue kernel on this GPU")
+    r = lambda *s: registry.rand(s, dtype, "cuda")  # noqa: E731
+    a, bias = r(4, 136, 64), r(136)
+    for b in (r(4, 64, 256)[:, :, :136] * 0.125, (r(4, 136, 64) * 0.125).transpose(1, 2)):
+        for scale in (0.3, torch.tensor(0.3), torch.tensor(0.3, device="cuda")):
+            args = [a, b, bias, scale]
+            _check(p, args, _run(p, args))
+    lin = registry.by_id("batched_matmul.linear_bias_residual")
+    x, w, bl = r(2, 40, 64), r(48, 64) * 0.125, r(48)
+    for res in (r(2, 40, 96)[:, :, 8:56], r(2, 48, 96)[:, :40, 8:56]):  # row pitch 96; not viewable as [M, N]
+        _check(lin, [x, w, bl, res], _run(lin, [x, w, bl, res]))
+    # CUDA graphs: no host sync, no allocation outside the caching allocator
+    b = r(4, 64, 136) * 0.125
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _run(p, [a, b, bias, 0.3])
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = _run(p, [a, b, bias, 0.3])
+    a.copy_(r(4, 136, 64))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, [a, b, bias, 0.3], out)
+    op = torch.ops.fusekit.matmul_epilogue
+    for bad, msg in (((a[:, :, :60], r(4, 60, 136)), "multiples of 8"),          # K = 60
+                     ((a, r(4, 64, 130)), "multiples of 8"),                       # N = 130
+                     ((a, r(3, 64, 136)), "batched"),                              # batch mismatch
+                     ((a[:, :, 1:57], r(4, 56, 136)), "16-byte")):                 # misaligned a
+        with pytest.raises(RuntimeError, match=msg):
+            op(*bad, None, None, None, "gelu", False)
+    with pytest.raises(RuntimeError, match="act must be"):
+        op(a, b, None, None, None, "tanh", False)

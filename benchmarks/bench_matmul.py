@@ -1,0 +1,151 @@
+"""Matmul + epilogue rules, side by side in one run: eager vs torch.compile (Inductor default: cuBLAS + a
+pointwise kernel) vs fusekit (one CUTLASS GEMM with the epilogue in registers), plus the plain GEMMs
+(torch.bmm / cuBLAS vs fusekit::matmul_epilogue with no epilogue) and a large-matmul TFLOP/s ceiling
+measured in the same run. Generated from the batched_matmul table.
+
+    python benchmarks/bench_matmul.py --out out/ [--dtypes float16,bfloat16]
+
+Shapes are [L, M, K, N] (b is [L, K, N]); linear rows are [tokens, K -> N] with a weight [N, K]. Each
+figure is the median of triton.testing.do_bench runs (L2 flushed before each). Writes matmul.md,
+matmul.json and matmul.png (speedup over Inductor per rule and shape; plain-GEMM TFLOP/s vs cuBLAS).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+import fusion_backend
+from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
+from fusion_backend import registry
+
+# (rule, case, label): the issue's bmm·scale + bias -> GELU shapes, then the MLP linears as rules do see them
+CASES = [("batched_matmul.bmm_scale_bias_gelu", c, "x".join(map(str, c))) for c in
+         [(96, 512, 64, 512), (96, 512, 512, 64), (32, 1024, 1024, 1024), (8, 4096, 4096, 4096),
+          (1, 4096, 768, 3072), (1, 2048, 2048, 5632)]] + \
+        [("batched_matmul.linear_bias_gelu_2d", (4096, 768, 3072), "GPT-2 MLP 4096x768->3072"),
+         ("batched_matmul.linear_bias_silu_2d", (2048, 2048, 5632), "Llama MLP 2048x2048->5632"),
+         ("batched_matmul.linear_bias_gelu", (16, 256, 768, 3072), "BERT MLP 16x256x768->3072")]
+
+
+def bench(fn) -> float:
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def flops_of(p, args) -> int:
+    a, b = args[0], args[1]
+    k = a.shape[-1]
+    n = b.shape[0] if p.static.get("linear") else b.shape[-1]
+    return 2 * a.numel() // k * k * n
+
+
+def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
+    rows, t0 = [], time.time()
+    todo = [(c, dt) for c in CASES for dt in dtypes]
+    for i, ((pid, case, label), dt) in enumerate(todo, 1):
+        p = registry.by_id(pid)
+        args = p.make_args(case, dt, "cuda")
+        ind = compiled(p, "inductor")
+        ind(*args)
+        with fusion_backend.stats.collect() as recs:
+            fk = compiled(p, "fusekit")
+            fk(*args)
+        fused = sum(r.sites[p.id] for r in recs) > 0
+        res = {"pattern": pid, "shape": label, "dtype": str(dt)[6:], "fused": fused}
+        for name, fn in (("eager", lambda: p.eager(*args)), ("inductor", lambda: ind(*args)),
+                         ("fusekit", lambda: fk(*args))):
+            res[name] = bench(fn)
+        a, b = args[0], args[1]
+        if p.static.get("linear"):
+            plain_ref, plain_fk = (lambda: torch.mm(a, b.t())), \
+                (lambda: torch.ops.fusekit.matmul_epilogue(a, b, None, None, None, "none", True))
+        else:
+            plain_ref, plain_fk = (lambda: torch.bmm(a, b)), \
+                (lambda: torch.ops.fusekit.matmul_epilogue(a, b, None, None, None, "none", False))
+        res["cublas_plain"], res["fusekit_plain"] = bench(plain_ref), bench(plain_fk)
+        ref = p.eager(*args)
+        res["max_abs_err_vs_eager"] = (fk(*args).float() - ref.float()).abs().max().item()
+        res["plain_max_abs_err"] = (plain_fk().float() - plain_ref().float()).abs().max().item()
+        fl = flops_of(p, args)
+        res["tflops_fusekit"] = fl / res["fusekit"] / 1e9
+        res["tflops_cublas_plain"] = fl / res["cublas_plain"] / 1e9
+        res["tflops_fusekit_plain"] = fl / res["fusekit_plain"] / 1e9
+        res["vs_inductor"] = res["inductor"] / res["fusekit"]
+        res["vs_eager"] = res["eager"] / res["fusekit"]
+        res["plain_vs_cublas"] = res["cublas_plain"] / res["fusekit_plain"]
+        rows.append(res)
+        print(f"[{i}/{len(todo)} {time.time() - t0:4.0f}s] {pid.split('.')[1]:22s} {label:28s} {res['dtype']:8s} "
+              f"eager {res['eager']:.4f} ind {res['inductor']:.4f} fk {res['fusekit']:.4f} ms  "
+              f"vs ind {res['vs_inductor']:.2f}x  plain: cublas {res['cublas_plain']:.4f} fk {res['fusekit_plain']:.4f} "
+              f"({res['plain_vs_cublas']:.2f}x){'' if fused else '  (NOT FUSED)'}", flush=True)
+        del args, ind, fk
+        torch._dynamo.reset()
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    ceiling = {"what": "torch.mm 8192^3 fp16 (cuBLAS)", "tflops": 2 * 8192 ** 3 / bench(lambda: torch.mm(x, x)) / 1e9}
+    return rows, ceiling
+
+
+def markdown(rows, ceiling, device) -> str:
+    lines = [f"# Matmul + epilogue: eager vs Inductor vs fusekit ({device})", "",
+             f"Median ms (do_bench, L2 flushed). Large-matmul ceiling in the same run: {ceiling['what']} = "
+             f"{ceiling['tflops']:.0f} TFLOP/s.", "",
+             "| rule | shape | dtype | eager | Inductor | fusekit | fusekit vs Inductor | fusekit vs eager | fusekit "
+             "TFLOP/s | plain: cuBLAS | plain: fusekit | plain fusekit/cuBLAS speed | max abs err vs eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['pattern'].split('.')[1]} | {r['shape']} | {r['dtype']} | {r['eager']:.4f} | "
+                     f"{r['inductor']:.4f} | {r['fusekit']:.4f} | **{r['vs_inductor']:.2f}x**"
+                     f"{'' if r['fused'] else ' (not fused)'} | {r['vs_eager']:.2f}x | {r['tflops_fusekit']:.0f} | "
+                     f"{r['cublas_plain']:.4f} ({r['tflops_cublas_plain']:.0f}) | {r['fusekit_plain']:.4f} "
+                     f"({r['tflops_fusekit_plain']:.0f}) | {r['plain_vs_cublas']:.2f}x | {r['max_abs_err_vs_eager']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, ceiling, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels = [f"{r['shape']}\n{r['dtype']}" for r in rows]
+    ax.bar(range(len(rows)), [r["vs_inductor"] for r in rows], color="tab:green")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.3, color="tab:red", lw=0.8, ls="--", label="1.3x target (attention-style, 1024^3)")
+    ax.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=6)
+    ax.set_ylabel("fusekit speedup over Inductor")
+    ax.legend(fontsize=7)
+    w = 0.4
+    bx.bar([i - w / 2 for i in range(len(rows))], [r["tflops_cublas_plain"] for r in rows], w, label="cuBLAS (plain)")
+    bx.bar([i + w / 2 for i in range(len(rows))], [r["tflops_fusekit_plain"] for r in rows], w, label="fusekit (plain)")
+    bx.axhline(ceiling["tflops"], color="tab:red", lw=0.8, ls="--", label="8192^3 cuBLAS ceiling")
+    bx.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=6)
+    bx.set_ylabel("TFLOP/s, no epilogue")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_matmul needs a CUDA GPU")
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    rows, ceiling = run([getattr(torch, d) for d in a.dtypes.split(",")], out)
+    (out / "matmul.json").write_text(json.dumps({"device": device, "ceiling": ceiling, "rows": rows}, indent=1))
+    (out / "matmul.md").write_text(markdown(rows, ceiling, device))
+    plot(rows, ceiling, out / "matmul.png")
+    print(markdown(rows, ceiling, device))
+
+
+if __name__ == "__main__":
+    main()
