@@ -203,7 +203,7 @@ bool layout_of(const at::Tensor& t, bool& row_major, int64_t& ld, int64_t& batch
 }
 
 at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, const std::optional<at::Tensor>& bias,
-                                const std::optional<at::Tensor>& residual, double scale, c10::string_view act,
+                                const std::optional<at::Tensor>& residual, std::optional<double> scale, c10::string_view act,
                                 bool linear, const std::optional<at::Tensor>& scale_t) {
   FK_CHECK_CUDA(a_in);
   FK_CHECK_CUDA(b_in);
@@ -271,7 +271,7 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   if (out.numel() == 0) return out;
 
   c10::cuda::CUDAGuard guard(a.device());
-  ScalarArg s = scalar_arg("scale", scale, scale_t, a.device());
+  ScalarArg s = scalar_arg("scale", scale.value_or(1.0), scale_t, a.device());  // no scale: alpha = 1
   p.a = a.data_ptr(), p.b = b.data_ptr(), p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
   p.c = c.data_ptr(), p.d = out.data_ptr();
   p.alpha = s.value, p.alpha_ptr = s.ptr;
