@@ -62,7 +62,7 @@ def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
             res[name] = bench(fn)
         a, b = args[0], args[1]
         if p.static.get("linear"):
-            plain_ref, plain_fk = (lambda: torch.mm(a, b.t())), \
+            plain_ref, plain_fk = (lambda: torch.matmul(a, b.t())), \
                 (lambda: torch.ops.fusekit.matmul_epilogue(a, b, None, None, None, "none", True))
         else:
             plain_ref, plain_fk = (lambda: torch.bmm(a, b)), \

@@ -47,6 +47,25 @@ Act parse_act(const std::string& act) {
   TORCH_CHECK(false, "fusekit: act must be one of none, gelu, gelu_tanh, relu, silu; got '", act, "'");
 }
 
+// Epilogue activations. The GEMM epilogue is instruction-bound when the GEMM is short (K = 64: 25M outputs
+// per 0.02 ms of MMA), so these use the SFU (ex2, rcp) instead of libdevice's erff/tanhf/expf (benchmarks/NOTES.md). Errors stay far below a 16-bit output's half ulp (float32 inputs, ~1e-6 relative):
+//   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh(u) = 1 - 2 / (1 + e^(2u)).
+__device__ __forceinline__ float fast_erf(float x) {
+  const float ax = fabsf(x);
+  const float t = __frcp_rn(fmaf(0.3275911f, ax, 1.0f));
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                                      -0.284496736f), 0.254829592f);
+  const float y = 1.0f - poly * __expf(-ax * ax);
+  return copysignf(y, x);
+}
+__device__ __forceinline__ float epi_gelu_erf(float x) { return 0.5f * x * (1.0f + fast_erf(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float epi_gelu_tanh(float x) {
+  const float u = 0.79788456080286536f * fmaf(0.044715f * x * x, x, x);
+  const float th = 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * u));  // e^(2u) = inf -> 1, 0 -> -1
+  return 0.5f * x * (1.0f + th);
+}
+__device__ __forceinline__ float epi_silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+
 // The activation is a runtime argument (a uniform branch per fragment): one kernel serves all five,
 // instead of five times the instantiations and compile time.
 template <class T>
@@ -57,10 +76,10 @@ struct RuntimeAct {
   CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
 #ifdef __CUDA_ARCH__
     switch (args.act) {
-      case kGelu: return gelu_erf(x);
-      case kGeluTanh: return gelu_tanh(x);
+      case kGelu: return epi_gelu_erf(x);
+      case kGeluTanh: return epi_gelu_tanh(x);
       case kRelu: return relu(x);
-      case kSilu: return silu(x);
+      case kSilu: return epi_silu(x);
       default: return x;
     }
 #else
@@ -72,18 +91,35 @@ struct RuntimeAct {
 template <class T, int N>
 struct RuntimeAct<cutlass::Array<T, N>> {
   using Arguments = typename RuntimeAct<T>::Arguments;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
+  // one branch per fragment, outside the element loop
+  template <class F>
+  CUTLASS_DEVICE static cutlass::Array<T, N> map(cutlass::Array<T, N> const& v, F f) {
     cutlass::Array<T, N> out;
-    RuntimeAct<T> f;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) out[i] = f(v[i], args);
+    for (int i = 0; i < N; ++i) out[i] = f(v[i]);
     return out;
+  }
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
+#ifdef __CUDA_ARCH__
+    switch (args.act) {
+      case kGelu: return map(v, [](T x) { return epi_gelu_erf(x); });
+      case kGeluTanh: return map(v, [](T x) { return epi_gelu_tanh(x); });
+      case kRelu: return map(v, [](T x) { return relu(x); });
+      case kSilu: return map(v, [](T x) { return epi_silu(x); });
+      default: return v;
+    }
+#else
+    return v;
+#endif
   }
 };
 
 // One GEMM configuration: element type, B's layout (RowMajor: b is [K, N] with unit N stride;
-// ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight) and CTA tile.
-template <class Element, class LayoutB, class Tile, class Cluster>
+// ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight), CTA tile and schedule.
+// Cooperative: both consumer warpgroups share a tile, so the epilogue runs at full width (short K, where
+// the epilogue is most of the work). Ping-pong: the warpgroups alternate tiles, so one's epilogue hides
+// under the other's MMAs (long K). Measured on an H200, see benchmarks/NOTES.md.
+template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong>
 struct Gemm {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
@@ -93,12 +129,14 @@ struct Gemm {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC, kAlign, Element, LayoutC,
-      kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+      kAlign, std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                 cutlass::epilogue::TmaWarpSpecializedCooperative>, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
       Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -166,18 +204,16 @@ void run(const Problem& p, const at::Tensor& like) {
 
 using Tile128x128 = Shape<_128, _128, _64>;
 using Tile128x64 = Shape<_128, _64, _64>;
-using Tile128x256 = Shape<_128, _256, _64>;
 using Cluster1 = Shape<_1, _1, _1>;
-using Cluster2 = Shape<_2, _1, _1>;
 
-// Tile by shape: N <= 64 (attention-style p @ v, narrow outputs) takes 128x64 tiles; problems with many
-// output tiles take 128x256 with a 2-CTA cluster (A multicast); the rest 128x128.
+// Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
+// tiles; K >= 512 (MLP-style, MMA-bound) ping-pong 128x128; the rest (short K: the epilogue and the store
+// dominate) cooperative 128x128.
 template <class Element, class LayoutB>
 void dispatch(const Problem& p, const at::Tensor& like) {
-  const int64_t tiles256 = p.L * ((p.M + 127) / 128) * ((p.N + 255) / 256);
-  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1>>(p, like);
-  else if (tiles256 >= 4 * 132 && p.K >= 512) run<Gemm<Element, LayoutB, Tile128x256, Cluster2>>(p, like);
-  else run<Gemm<Element, LayoutB, Tile128x128, Cluster1>>(p, like);
+  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false>>(p, like);
+  else if (p.K >= 512) run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true>>(p, like);
+  else run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false>>(p, like);
 }
 
 bool ok_stride(int64_t s) { return s % 8 == 0 && s > 0; }

@@ -87,12 +87,13 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, linear: 
     names = ["a", "b"] + (["bias"] if bias else []) + (["residual"] if residual else [])
     if linear:
         trace_case = (2, 8, 16, 24) if rank == 3 else (16, 16, 24)
-        cases = ((2, 8, 16, 24), (1, 5, 32, 40)) if rank == 3 else ((16, 16, 24), (5, 32, 40))
+        # the last case is compiled on CUDA by the GPU tests: aligned, so Inductor's pad_mm leaves it alone
+        cases = ((1, 5, 32, 40), (2, 8, 16, 24)) if rank == 3 else ((5, 32, 40), (16, 16, 24))
         gpu_cases = ((4, 512, 768, 3072), (2, 129, 72, 200), (1, 1, 8, 8)) if rank == 3 else \
             ((2048, 2048, 5632), (129, 72, 200), (1, 8, 8))
     else:
         trace_case = (2, 8, 16, 24)
-        cases = ((2, 8, 16, 24), (1, 5, 32, 16, "bT"))
+        cases = ((1, 5, 32, 16, "bT"), (2, 8, 16, 24))
         gpu_cases = ((96, 512, 64, 512), (96, 512, 512, 64, "bT"), (3, 129, 72, 200, "bT"), (1, 1, 8, 8),
                      (2, 300, 512, 64), (4, 1000, 256, 136, "bT"))
     return Pattern(
