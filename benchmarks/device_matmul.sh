@@ -7,8 +7,8 @@ export PYTHONUNBUFFERED=1 FUSEKIT_CACHE=/tmp/fusekit_cache MAX_JOBS=16
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cutlass-*.whl && export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 python3 -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$OUT/gpu.txt"
-t0=$(date +%s); python3 -m fusion_backend.build > "$OUT/build.log" 2>&1; echo "build rc $? in $(( $(date +%s) - t0 )) s"; tail -3 "$OUT/build.log"
-python3 - <<'PY' 2>&1 | tee "$OUT/smoke.log"
+t0=$(date +%s); python3 -m fusion_backend.build > /tmp/build.log 2>&1; echo "build rc $? in $(( $(date +%s) - t0 )) s"; tail -3 /tmp/build.log
+python3 - <<'PY' 2>&1
 import torch, fusion_backend
 from fusion_backend import _ext
 print(_ext.load_for_device())
@@ -20,7 +20,8 @@ print("smoke max err", (out.double() - ref).abs().max().item())
 PY
 [ -n "${BENCH:-1}" ] && timeout 300 python3 benchmarks/bench_matmul.py --out "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_matmul.log"; tail -4 "$OUT/bench_matmul.log" | head -2
 if [ -n "${TESTS:-1}" ]; then
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/test_kernels_gpu.py tests/test_ops.py -k "matmul" -q -p no:cacheprovider -x 2>&1 | tee "$OUT/pytest.log" | tail -15
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/test_kernels_gpu.py tests/test_ops.py -k "${TEST_K:-matmul}" -v -p no:cacheprovider -x > "$OUT/pytest.log" 2>&1
+  grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/pytest.log" | awk '{print $NF}' | sort | uniq -c; grep -E "^FAILED|Fatal Python|^tests/.*(FAILED|ERROR)|File .*tests/test_" "$OUT/pytest.log" | head -8; tail -3 "$OUT/pytest.log"
   [ -n "${MEMCHECK:-}" ] && { timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/test_kernels_gpu.py -q \
     -p no:cacheprovider -k "matmul and (shaped or layouts)" > "$OUT/memcheck.log" 2>&1; echo "memcheck: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')"; }
 fi
