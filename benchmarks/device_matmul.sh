@@ -21,7 +21,7 @@ PY
 [ -n "${BENCH:-1}" ] && timeout 300 python3 benchmarks/bench_matmul.py --out "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_matmul.log"; tail -4 "$OUT/bench_matmul.log" | head -2
 if [ -n "${TESTS:-1}" ]; then
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/test_kernels_gpu.py tests/test_ops.py -k "${TEST_K:-matmul}" -v -p no:cacheprovider -x > "$OUT/pytest.log" 2>&1
-  grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/pytest.log" | awk '{print $NF}' | sort | uniq -c; grep -E "^FAILED|Fatal Python|^tests/.*(FAILED|ERROR)|File .*tests/test_" "$OUT/pytest.log" | head -8; tail -3 "$OUT/pytest.log"
+  grep -oE " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest.log" | sort | uniq -c; grep -E "^FAILED|Fatal Python|^tests/.*(FAILED|ERROR)|File .*tests/test_" "$OUT/pytest.log" | head -8; tail -3 "$OUT/pytest.log"
   [ -n "${MEMCHECK:-}" ] && { timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/test_kernels_gpu.py -q \
     -p no:cacheprovider -k "matmul and (shaped or layouts)" > "$OUT/memcheck.log" 2>&1; echo "memcheck: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')"; }
 fi
