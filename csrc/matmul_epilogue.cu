@@ -15,13 +15,16 @@
 // no CUDA kernel and the pattern stays with Inductor).
 // Requires CUTLASS headers (pip install --no-deps nvidia-cutlass, or CUTLASS_PATH); see fusion_backend/_ext.py.
 // fusekit-build: cutlass sm_90a
+#include "fusekit.h"
+
 // CUTLASS/CuTe assert() calls become function calls inside the kernel, which makes ptxas serialize every
-// wgmma ("crossing function boundary", measured at compile time): release semantics for this file.
+// wgmma ("crossing function boundary", warning C7510). NDEBUG is set for the CUTLASS headers only, after
+// torch's: defined before them it changed c10's inline code in this object only, and an error thrown
+// from here then crashed the process (seen on torch 2.11).
 #ifndef NDEBUG
 #define NDEBUG 1
 #endif
-#include "fusekit.h"
-
+#include <cassert>
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -207,12 +210,13 @@ using Tile128x64 = Shape<_128, _64, _64>;
 using Cluster1 = Shape<_1, _1, _1>;
 
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
-// tiles; K >= 512 (MLP-style, MMA-bound) ping-pong 128x128; the rest (short K: the epilogue and the store
-// dominate) cooperative 128x128.
+// tiles; K >= 512 with a light epilogue (MMA-bound) ping-pong 128x128; the rest (short K, or a GELU/SiLU
+// epilogue, which one warpgroup alone could not hide under the other's MMAs) cooperative 128x128.
 template <class Element, class LayoutB>
 void dispatch(const Problem& p, const at::Tensor& like) {
+  const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU epilogues want both warpgroups
   if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false>>(p, like);
-  else if (p.K >= 512) run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true>>(p, like);
+  else if (p.K >= 512 && light_epilogue) run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true>>(p, like);
   else run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false>>(p, like);
 }
 
@@ -267,8 +271,8 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1), L = b.dim() == 3 ? b.size(0) : 1;
   TORCH_CHECK(b.size(-2) == K, "fusekit: matmul_epilogue: inner dims differ: a ", describe(a_in), ", b ",
               describe(b_in), linear ? " (linear: b is [N, K])" : "");
-  TORCH_CHECK(K % 8 == 0 && N % 8 == 0 && K > 0,
-              "fusekit: matmul_epilogue: K and N must be positive multiples of 8 (16-byte rows); got K=", K, ", N=", N);
+  TORCH_CHECK(K % 8 == 0 && N % 8 == 0 && K > 0, "fusekit: matmul_epilogue: K and N must be positive multiples "
+              "of 8 (16-byte rows); got K=" + std::to_string(K) + ", N=" + std::to_string(N));
 
   Problem p{};
   p.L = L, p.M = M, p.N = N, p.K = K;
@@ -287,8 +291,8 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == a.scalar_type() &&
                     bias->device() == a.device() && bias->stride(0) == 1 && aligned16(bias->data_ptr()),
-                "fusekit: matmul_epilogue: bias must be a contiguous, 16-byte aligned [N=", N,
-                "] tensor of a's dtype and device; got ", describe(*bias));
+                "fusekit: matmul_epilogue: bias must be a contiguous, 16-byte aligned [N=" + std::to_string(N) +
+                    "] tensor of a's dtype and device; got " + describe(*bias));
   }
   at::Tensor c = out;
   p.ldc = N, p.sc = M * N;
