@@ -24,13 +24,26 @@ import fusion_backend
 from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
 from fusion_backend import registry
 
-# (rule, case, label): the bmm·scale + bias -> GELU shapes, then the MLP linears as rules do see them
-CASES = [("batched_matmul.bmm_scale_bias_gelu", c, "x".join(map(str, c))) for c in
+# (rule, case, label): the bmm·scale + bias -> GELU shapes, the MLP linears as the linear rules see
+# them, then every other rule at one attention-style or MLP shape (the measured selection covers each rule)
+HEADLINE = "batched_matmul.bmm_scale_bias_gelu"
+CASES = [(HEADLINE, c, "x".join(map(str, c))) for c in
          [(96, 512, 64, 512), (96, 512, 512, 64), (32, 1024, 1024, 1024), (8, 4096, 4096, 4096),
           (1, 4096, 768, 3072), (1, 2048, 2048, 5632)]] + \
         [("batched_matmul.linear_bias_gelu_2d", (4096, 768, 3072), "GPT-2 MLP 4096x768->3072"),
          ("batched_matmul.linear_bias_silu_2d", (2048, 2048, 5632), "Llama MLP 2048x2048->5632"),
          ("batched_matmul.linear_bias_gelu", (16, 256, 768, 3072), "BERT MLP 16x256x768->3072")]
+
+
+def other_cases():
+    seen = {c[0] for c in CASES}
+    for p in registry.all_patterns():
+        if p.id.startswith("batched_matmul.") and p.id not in seen:
+            if p.static.get("linear"):
+                case = (16, 256, 768, 3072) if p.id[-3:] != "_2d" else (4096, 768, 3072)
+                yield p.id, case, ("16x256x768->3072" if len(case) == 4 else "4096x768->3072")
+            else:
+                yield p.id, (96, 512, 64, 512), "96x512x64x512"
 
 
 def bench(fn) -> float:
@@ -46,7 +59,7 @@ def flops_of(p, args) -> int:
 
 def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
     rows, t0 = [], time.time()
-    todo = [(c, dt) for c in CASES for dt in dtypes]
+    todo = [(c, dt) for c in [*CASES, *other_cases()] for dt in dtypes]
     for i, ((pid, case, label), dt) in enumerate(todo, 1):
         p = registry.by_id(pid)
         args = p.make_args(case, dt, "cuda")
