@@ -210,13 +210,13 @@ using Tile128x64 = Shape<_128, _64, _64>;
 using Cluster1 = Shape<_1, _1, _1>;
 
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
-// tiles; K >= 512 with a light epilogue (MMA-bound) ping-pong 128x128; the rest (short K, or a GELU/SiLU
-// epilogue, which one warpgroup alone could not hide under the other's MMAs) cooperative 128x128.
+// tiles; long K (>= 512, or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under
+// longer MMAs) ping-pong 128x128; the rest cooperative 128x128. Thresholds from bench_matmul on an H200.
 template <class Element, class LayoutB>
 void dispatch(const Problem& p, const at::Tensor& like) {
-  const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU epilogues want both warpgroups
+  const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
   if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false>>(p, like);
-  else if (p.K >= 512 && light_epilogue) run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true>>(p, like);
+  else if (p.K >= (light_epilogue ? 512 : 1024)) run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true>>(p, like);
   else run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false>>(p, like);
 }
 
