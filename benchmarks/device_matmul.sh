@@ -5,8 +5,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUSEKIT_CACHE=/tmp/fusekit_cache MAX_JOBS=16
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cutlass-*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-python3 -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
+python3 -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__)" | tee /tmp/gpu.txt
 t0=$(date +%s); python3 -m fusion_backend.build > /tmp/build.log 2>&1; echo "build rc $? in $(( $(date +%s) - t0 )) s"; tail -3 /tmp/build.log
 python3 - <<'PY' 2>&1
 import torch, fusion_backend
@@ -25,4 +25,7 @@ if [ -n "${TESTS:-1}" ]; then
   [ -n "${MEMCHECK:-}" ] && { timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/test_kernels_gpu.py -q \
     -p no:cacheprovider -k "matmul and (shaped or layouts)" > "$OUT/memcheck.log" 2>&1; echo "memcheck: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')"; }
 fi
-echo "== summary =="; cat "$OUT/gpu.txt"; grep "^|" "$OUT/matmul.md" 2>/dev/null; true
+if [ -n "${E2E:-}" ]; then
+  timeout 240 fusekit bench --models "$E2E" --out /tmp/e2e 2>&1 | grep -v -i warn > "$OUT/e2e.log"; grep "^|" /tmp/e2e/bench.md
+fi
+echo "== summary =="; cat /tmp/gpu.txt; grep "^|" "$OUT/matmul.md" 2>/dev/null; true
