@@ -18,10 +18,8 @@ import sys
 import time
 
 import torch
-from triton.testing import do_bench
 
 import fusion_backend
-from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
 from fusion_backend import registry
 
 # (rule, case, label): the bmm·scale + bias -> GELU shapes, the MLP linears as the linear rules see
@@ -47,6 +45,8 @@ def other_cases():
 
 
 def bench(fn) -> float:
+    from triton.testing import do_bench
+
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
@@ -63,6 +63,8 @@ def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
     for i, ((pid, case, label), dt) in enumerate(todo, 1):
         p = registry.by_id(pid)
         args = p.make_args(case, dt, "cuda")
+        from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
+
         ind = compiled(p, "inductor")
         ind(*args)
         with fusion_backend.stats.collect() as recs:
@@ -124,30 +126,36 @@ def plot(rows, ceiling, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5))
-    labels = [f"{r['shape']}\n{r['dtype']}" for r in rows]
-    ax.bar(range(len(rows)), [r["vs_inductor"] for r in rows], color="tab:green")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.axhline(1.3, color="tab:red", lw=0.8, ls="--", label="1.3x target (attention-style, 1024^3)")
-    ax.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=6)
-    ax.set_ylabel("fusekit speedup over Inductor")
-    ax.legend(fontsize=7)
-    w = 0.4
-    bx.bar([i - w / 2 for i in range(len(rows))], [r["tflops_cublas_plain"] for r in rows], w, label="cuBLAS (plain)")
-    bx.bar([i + w / 2 for i in range(len(rows))], [r["tflops_fusekit_plain"] for r in rows], w, label="fusekit (plain)")
-    bx.axhline(ceiling["tflops"], color="tab:red", lw=0.8, ls="--", label="8192^3 cuBLAS ceiling")
-    bx.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=6)
-    bx.set_ylabel("TFLOP/s, no epilogue")
-    bx.legend(fontsize=7)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 0.22 * len(rows) + 1.5), sharey=True)
+    labels = [f"{r['pattern'].split('.')[1]}  {r['shape']}  {r['dtype']}" for r in rows]
+    y = list(range(len(rows)))[::-1]
+    colors = ["tab:green" if r["vs_inductor"] >= 1.0 else "tab:red" for r in rows]
+    ax.barh(y, [r["vs_inductor"] if r["fused"] else 0 for r in rows], color=colors)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.axvline(1.3, color="tab:red", lw=0.8, ls="--", label="1.3x target (attention-style, 1024^3)")
+    ax.set_yticks(y, labels, fontsize=6)
+    ax.set_xlabel("fusekit speedup over Inductor (0 = not fused)")
+    ax.legend(fontsize=7, loc="lower right")
+    h = 0.4
+    bx.barh([v + h / 2 for v in y], [r["tflops_cublas_plain"] for r in rows], h, label="cuBLAS (plain)")
+    bx.barh([v - h / 2 for v in y], [r["tflops_fusekit_plain"] for r in rows], h, label="fusekit (plain)")
+    bx.axvline(ceiling["tflops"], color="tab:red", lw=0.8, ls="--", label="8192^3 cuBLAS ceiling")
+    bx.set_xlabel("TFLOP/s, no epilogue")
+    bx.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--replot", help="redraw the PNG from a matmul.json (no GPU needed)")
     a = ap.parse_args()
+    if a.replot:
+        data = json.loads(pathlib.Path(a.replot).read_text())
+        plot(data["rows"], data["ceiling"], pathlib.Path(a.replot).with_suffix(".png"))
+        return
     if not torch.cuda.is_available():
         sys.exit("bench_matmul needs a CUDA GPU")
     out = pathlib.Path(a.out)

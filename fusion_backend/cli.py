@@ -72,6 +72,8 @@ def doctor_text() -> str:
         lines.append("GPU: none (CUDA patterns are off; CPU runs references with options={'cpu_reference': True})")
     from shutil import which
     lines.append(f"nvcc: {which('nvcc') or 'not found (needed once, to build the kernels)'}")
+    inc = _ext.cutlass_include()
+    lines.append(f"CUTLASS headers: {inc[0] if inc else 'not found (pip install --no-deps nvidia-cutlass: the matmul epilogue kernel needs them)'}")
     lines.append("")
     lines.append(f"{'pattern':38s} " + " ".join(f"{str(d)[6:]:>9s}" for d in (torch.float32, torch.float16,
                                                                                  torch.bfloat16, torch.int8)))

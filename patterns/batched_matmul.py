@@ -76,10 +76,13 @@ LINEAR = [(f"linear_bias_{act}", False, True, act, False) for act in ("gelu", "g
          [("linear_bias_residual", False, True, "none", True)]
 
 
-# Measured selection (benchmarks/results/h200_matmul.md): rules measured slower than Inductor in a dtype are
-# off by default there. GELU(erf) after a K = 768 linear: 0.97-0.98x (the epilogue's erf does not hide
-# under so short a GEMM); SiLU after it in bf16: 0.98x. Everything else measured 1.01x or faster.
-CUDA_DEFAULT = {"linear_bias_gelu": False, "linear_bias_gelu_2d": False, "linear_bias_silu": (torch.float16,)}
+# Measured selection (benchmarks/results/h200_matmul.md): GELU(erf) and SiLU epilogues measured 0.96-0.98x
+# at K = 768, so their rules carry a K-window guard (guards.matmul_heavy_epilogue_k). Linear + bias +
+# residual measured 1.28-1.33x alone, but in BERT it takes the residual add away from Inductor's
+# bias + residual + LayerNorm kernel (no traffic saved) at N = 768, where this GEMM is slower than cuBLAS:
+# BERT fp16 0.93x end to end, so it is off by default. Everything else measured 1.01x or faster.
+HEAVY_ACTS = ("gelu", "silu")
+CUDA_DEFAULT = {"linear_bias_residual": False, "linear_bias_residual_2d": False}
 
 
 def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, linear: bool, rank: int) -> Pattern:
@@ -109,7 +112,8 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, linear: 
         inputs=_inputs(bias, residual, linear), trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases,
         guards=(G.same_dtype(*names), G.matmul_operands("a", "b", "bias" if bias else None,
-                                                        "residual" if residual else None, linear)),
+                                                        "residual" if residual else None, linear),
+                *([G.matmul_heavy_epilogue_k("b", linear)] if act in HEAVY_ACTS else [])),
         bad_layout=_bad_layout(_inputs(bias, residual, linear), trace_case), bad_reason="multiples of 8",
     )
 

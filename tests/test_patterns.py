@@ -137,3 +137,17 @@ def test_every_scalar_binds():
     for p in registry.all_patterns():
         for dt in p.dtypes:
             registry.trace_search_pattern(p, dt, "cpu")
+
+
+def test_matmul_heavy_epilogue_k_window():
+    """GELU/SiLU matmul epilogues stay with Inductor where they measured slower (128 < K < 1024, N > 64)
+    and fire outside that window."""
+    p = registry.by_id("batched_matmul.linear_bias_gelu_2d")
+    for k, n, fires in ((768, 128, False), (64, 128, True), (768, 64, True), (1024, 128, True)):
+        args = p.inputs((4, k, n), torch.float16, "cpu")
+        rep = explain(p.search_fn(), *args)
+        assert rep.sites[p.id] == int(fires), (k, n, str(rep))
+        if not fires:
+            assert any(m.pattern == p.id and "measured slower" in m.reason for m in rep.near_misses), str(rep)
+        atol, rtol = p.tol[torch.float16]
+        torch.testing.assert_close(rep.output, p.eager(*args), atol=atol, rtol=rtol)
