@@ -18,8 +18,8 @@ out = torch.ops.fusekit.matmul_epilogue(a, b, bias, None, 0.5, "gelu", False)
 ref = torch.nn.functional.gelu((a.double() @ b.double()) * 0.5 + bias.double())
 print("smoke max err", (out.double() - ref).abs().max().item())
 PY
-[ -n "${BENCH:-1}" ] && timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_matmul.py --out "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_matmul.log"; tail -4 "$OUT/bench_matmul.log" | head -2
-if [ -n "${TESTS:-1}" ]; then
+[ "${BENCH:-1}" = 1 ] && timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_matmul.py --out "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_matmul.log"; tail -4 "$OUT/bench_matmul.log" | head -2
+if [ "${TESTS:-1}" = 1 ]; then
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/test_kernels_gpu.py tests/test_ops.py -k "${TEST_K:-matmul}" -v -p no:cacheprovider -x > "$OUT/pytest.log" 2>&1
   grep -oE " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest.log" | sort | uniq -c; grep -E "^FAILED|Fatal Python|^tests/.*(FAILED|ERROR)|File .*tests/test_" "$OUT/pytest.log" | head -8; tail -3 "$OUT/pytest.log"
   [ -n "${MEMCHECK:-}" ] && { timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/test_kernels_gpu.py -q \
