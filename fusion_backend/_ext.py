@@ -88,16 +88,21 @@ def cutlass_include() -> list[str]:
     return []
 
 
+def skip_reason(src: pathlib.Path, arch: str) -> str | None:
+    """Why `src` cannot be built for `arch` here, or None ("any": every file counts, for the build id)."""
+    if arch == "any":
+        return None
+    need = requirements(src)
+    if "cutlass" in need and not cutlass_include():
+        return "needs the CUTLASS headers (pip install --no-deps nvidia-cutlass)"
+    if "sm_90a" in need and arch != "9.0a":
+        return f"sm_90a only (device is sm_{arch})"
+    return None
+
+
 def sources(root: pathlib.Path, arch: str = "any") -> list[pathlib.Path]:
-    """The kernel files that can be built for `arch` here ("any": every file, for the build id)."""
-    out = []
-    for f in sorted(root.glob("*.cu")):
-        need = requirements(f)
-        if arch != "any" and (("cutlass" in need and not cutlass_include())
-                              or ("sm_90a" in need and arch != "9.0a")):
-            continue
-        out.append(f)
-    return out
+    """The kernel files that can be built for `arch` here."""
+    return [f for f in sorted(root.glob("*.cu")) if skip_reason(f, arch) is None]
 
 
 def skipped(arch: str) -> dict[str, str]:
@@ -105,14 +110,7 @@ def skipped(arch: str) -> dict[str, str]:
     root = csrc_dir()
     if root is None:
         return {}
-    built = set(sources(root, arch))
-    out = {}
-    for f in sources(root):
-        if f not in built:
-            need = requirements(f)
-            out[f.name] = ("needs the CUTLASS headers (pip install --no-deps nvidia-cutlass)"
-                           if "cutlass" in need and not cutlass_include() else f"sm_90a only (device is sm_{arch})")
-    return out
+    return {f.name: why for f in sorted(root.glob("*.cu")) if (why := skip_reason(f, arch))}
 
 
 def build_dir(root: pathlib.Path, arch: str) -> pathlib.Path:
