@@ -11,9 +11,7 @@ attention.json and attention.png (speedup of fusekit over Inductor per pattern a
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
-import sys
 import time
 
 import torch
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import fusion_backend
-from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
+from bench_patterns import compiled, gpu_output, save  # the shared harness
 from fusion_backend import registry
 
 
@@ -101,16 +99,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="16x12x256x64,32x12x197x64")
     ap.add_argument("--dtype", default="float16")
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_attention needs a CUDA GPU")
-    out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, device = gpu_output("bench_attention", a.out)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     rows = run(shapes, getattr(torch, a.dtype), out)
-    (out / "attention.json").write_text(json.dumps({"device": device, "rows": rows}, indent=1))
-    (out / "attention.md").write_text(markdown(rows, device))
-    plot(rows, out / "attention.png")
+    save(out, "attention", {"device": device, "rows": rows}, markdown(rows, device), lambda path: plot(rows, path))
     print(markdown(rows, device))
 
 

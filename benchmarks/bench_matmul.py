@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import time
 
 import torch
 
 import fusion_backend
+from bench_patterns import compiled, gpu_output, measure, save  # the shared harness
 from fusion_backend import registry
 
 # (rule, case, label): the bmm·scale + bias -> GELU shapes, the MLP linears as the linear rules see
@@ -45,9 +45,7 @@ def other_cases():
 
 
 def bench(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return measure(fn, hot=False)[0]  # median of do_bench runs, L2 flushed
 
 
 def flops_of(p, args) -> int:
@@ -63,8 +61,6 @@ def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
     for i, ((pid, case, label), dt) in enumerate(todo, 1):
         p = registry.by_id(pid)
         args = p.make_args(case, dt, "cuda")
-        from bench_patterns import compiled  # the same compile of a pattern's reference, per backend
-
         ind = compiled(p, "inductor")
         ind(*args)
         with fusion_backend.stats.collect() as recs:
@@ -156,15 +152,10 @@ def main() -> None:
         data = json.loads(pathlib.Path(a.replot).read_text())
         plot(data["rows"], data["ceiling"], pathlib.Path(a.replot).with_suffix(".png"))
         return
-    if not torch.cuda.is_available():
-        sys.exit("bench_matmul needs a CUDA GPU")
-    out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    out, device = gpu_output("bench_matmul", a.out)
     rows, ceiling = run([getattr(torch, d) for d in a.dtypes.split(",")], out)
-    (out / "matmul.json").write_text(json.dumps({"device": device, "ceiling": ceiling, "rows": rows}, indent=1))
-    (out / "matmul.md").write_text(markdown(rows, ceiling, device))
-    plot(rows, ceiling, out / "matmul.png")
+    save(out, "matmul", {"device": device, "ceiling": ceiling, "rows": rows}, markdown(rows, ceiling, device),
+         lambda path: plot(rows, ceiling, path))
     print(markdown(rows, ceiling, device))
 
 

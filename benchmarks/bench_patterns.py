@@ -19,7 +19,6 @@ import sys
 import time
 
 import torch
-from triton.testing import do_bench
 
 import fusion_backend
 from fusion_backend import _ext, registry
@@ -51,6 +50,8 @@ def time_hot(fn, reps: int = 200) -> list[float]:
 
 
 def measure(fn, hot: bool) -> tuple[float, float]:
+    from triton.testing import do_bench  # here, so the scripts can redraw plots where triton is absent
+
     ts = time_hot(fn) if hot else do_bench(fn, warmup=25, rep=200, return_mode="all")
     return statistics.median(ts), statistics.pstdev(ts)
 
@@ -59,6 +60,22 @@ def case_for(p, n: int) -> tuple:
     if p.id.startswith("batched_matmul"):
         return None
     return (max(1, n // COLS), COLS)
+
+
+def gpu_output(script: str, out: str) -> tuple[pathlib.Path, str]:
+    """Exit unless there is a GPU; the output folder (created) and the device line for the reports."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA GPU")
+    path = pathlib.Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    return path, f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+
+
+def save(out: pathlib.Path, stem: str, data: dict, md: str, plot_fn) -> None:
+    """<stem>.json, <stem>.md and <stem>.png (drawn by plot_fn(path)) under `out`."""
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(md)
+    plot_fn(out / f"{stem}.png")
 
 
 def compiled(p, backend: str):
@@ -172,21 +189,16 @@ def main() -> None:
     ap.add_argument("--patterns", default=None, help="comma-separated ids or families")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_patterns needs a CUDA GPU")
-    out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, device = gpu_output("bench_patterns", a.out)
     ids = registry.select(a.patterns.split(",") if a.patterns else None)
     pats = [registry.by_id(i) for i in ids if not _ext.missing_cuda_kernel(registry.by_id(i).op, torch.device("cuda"))
             and registry.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
     dtypes = {getattr(torch, d) for d in a.dtypes.split(",")}
-    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     print(f"{device}: {len(pats)} patterns", flush=True)
     rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out)
     head = headline_dyn_quant() if any(p.id == "quantize.dyn_quant_i8" for p in pats) else {}
-    (out / "bench.json").write_text(json.dumps({"device": device, "rows": rows, "dyn_quant_headline": head}, indent=1))
-    (out / "bench.md").write_text(markdown(rows, head, device))
-    plot(rows, out / "bench.png")
+    save(out, "bench", {"device": device, "rows": rows, "dyn_quant_headline": head}, markdown(rows, head, device),
+         lambda path: plot(rows, path))
     worst = sorted(rows, key=lambda r: r["vs_inductor"])[:8]
     print("\nslowest vs Inductor:", *[f"  {r['pattern']} {r['dtype']} {r['numel']:,}: {r['vs_inductor']:.2f}x"
                                      for r in worst], sep="\n")
