@@ -105,16 +105,16 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, linear: 
         cases = ((1, 5, 32, 16, "bT"), (2, 8, 16, 24))
         gpu_cases = ((96, 512, 64, 512), (96, 512, 512, 64, "bT"), (3, 129, 72, 200, "bT"), (1, 1, 8, 8),
                      (2, 300, 512, 64), (4, 1000, 256, 136, "bT"))
-    short = name + ("" if rank == 3 else "_2d")
+    short, make = name + ("" if rank == 3 else "_2d"), _inputs(bias, residual, linear)
     return Pattern(
         f"batched_matmul.{short}", cuda_default=CUDA_DEFAULT.get(short, True),
         reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=HALF,
-        inputs=_inputs(bias, residual, linear), trace="inductor", trace_case=trace_case, cases=cases,
+        inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases,
         guards=(G.same_dtype(*names), G.matmul_operands("a", "b", "bias" if bias else None,
                                                         "residual" if residual else None, linear),
                 *([G.matmul_heavy_epilogue_k("b", linear)] if act in HEAVY_ACTS else [])),
-        bad_layout=_bad_layout(_inputs(bias, residual, linear), trace_case), bad_reason="multiples of 8",
+        bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
     )
 
 
