@@ -12,23 +12,41 @@
 namespace fusekit {
 namespace {
 
-// NOTE (exact and fast): x * (1/s) is within 2 ulp of eager's true division x / s; when both ends of a
-// 4-ulp window around it round to one e4m3 value, that value is the answer; otherwise divide truly.
 struct ToE4M3 {
+  using Out = uint8_t;
   static constexpr float kMax = 448.0f;
-  __device__ static uint8_t cvt(float t) {
+  __device__ static uint8_t exact(float x, float s) {
+    float t = __fdiv_rn(x, s);
     if (!isnan(t)) t = fminf(fmaxf(t, -448.0f), 448.0f);
     return to_e4m3(t);
   }
-  __device__ uint8_t operator()(float x, float s, float r) const {
-    const float t = x * r, d = 4.0f * fabsf(t) * 1.1920929e-7f;
-    const uint8_t lo = cvt(t - d), hi = cvt(t + d);
-    return lo == hi ? lo : cvt(__fdiv_rn(x, s));
+  // Two elements per conversion (cvt.rn.satfinite.e4m3x2.f32); saturating to +-448 is the pattern's clamp.
+  template <int V>
+  __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, Vec<uint8_t, V>& o) {
+    bool same = true;
+    if constexpr (V % 2 == 0) {
+      uint16_t p[V / 2];
+#pragma unroll
+      for (int j = 0; j < V; j += 2) {
+        const auto hi = __nv_cvt_float2_to_fp8x2(make_float2(x[j] * rhi, x[j + 1] * rhi), __NV_SATFINITE, __NV_E4M3);
+        const auto lo = __nv_cvt_float2_to_fp8x2(make_float2(x[j] * rlo, x[j + 1] * rlo), __NV_SATFINITE, __NV_E4M3);
+        same &= hi == lo;
+        p[j / 2] = hi;
+      }
+      memcpy(o.v, p, sizeof(p));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        o.v[j] = to_e4m3(x[j] * rhi);
+        same &= o.v[j] == to_e4m3(x[j] * rlo);
+      }
+    }
+    return same;
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> dyn_quant_fp8_cuda(const at::Tensor& x, double eps) {
-  return dyn_quant(x, eps, at::kFloat8_e4m3fn, ToE4M3{});
+  return dyn_quant<ToE4M3>(x, eps, at::kFloat8_e4m3fn);
 }
 
 }  // namespace

@@ -7,29 +7,47 @@
 //
 // Contract: x [..., K] CUDA, contiguous, float32/float16/bfloat16; returns q int8 like x and the fp32
 // scales [..., 1]. Bit-exact with eager CUDA (s = amax * (1/127) as eager's scalar divide does; x / s is
-// a true division; round half to even).
+// a true division, bracketed by two FMAs, see rowquant.cuh; round half to even).
 #include "rowquant.cuh"
 
 namespace fusekit {
 namespace {
 
-// NOTE (exact and fast): eager computes x / s with a true division. x * (1/s) is within 2 ulp of it, so
-// it can only round differently next to a .5 boundary; there (rare) the true division is recomputed.
 struct ToI8 {
+  using Out = int8_t;
   static constexpr float kMax = 127.0f;
-  __device__ int8_t operator()(float x, float s, float r) const {
-    constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: t + kMagic rounds t to an integer, half to even
-    float t = x * r;
-    if (fabsf(fabsf(t - ((t + kMagic) - kMagic)) - 0.5f) < 1e-4f) t = __fdiv_rn(x, s);  // near a tie
-    // |t| <= 127 here, so the rounded integer sits in the low mantissa bits: no conversion instruction
-    // (F2I runs at a quarter rate and bounded the fp16 kernel). NaN -> 0, as eager's float -> int8 cast.
-    const int v = __float_as_int(t + kMagic) - 0x4b400000;
-    return isnan(t) ? int8_t(0) : static_cast<int8_t>(max(-128, min(127, v)));
+  __device__ static int8_t exact(float x, float s) {
+    const float t = rintf(__fdiv_rn(x, s));  // torch.round: half to even
+    return isnan(t) ? int8_t(0) : static_cast<int8_t>(fminf(fmaxf(t, -128.0f), 127.0f));  // NaN -> 0, as eager's cast
+  }
+  // fma(x, r, 1.5 * 2^23) rounds x * r to an integer (half to even) held in the low mantissa bits, whose low
+  // byte is the int8 (|x * r| < 128: no clamp). No F2I (a quarter-rate conversion), bytes packed with PRMT.
+  template <int V>
+  __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, Vec<int8_t, V>& o) {
+    constexpr float kMagic = 12582912.0f;
+    uint32_t b[V];
+    bool same = true;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      b[j] = __float_as_uint(fmaf(x[j], rhi, kMagic));
+      same &= b[j] == __float_as_uint(fmaf(x[j], rlo, kMagic));
+    }
+    if constexpr (V % 4 == 0) {
+      uint32_t w[V / 4];
+#pragma unroll
+      for (int j = 0; j < V; j += 4)
+        w[j / 4] = __byte_perm(__byte_perm(b[j], b[j + 1], 0x0040), __byte_perm(b[j + 2], b[j + 3], 0x0040), 0x5410);
+      memcpy(o.v, w, sizeof(w));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = static_cast<int8_t>(b[j] & 0xffu);
+    }
+    return same;
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> dyn_quant_i8_cuda(const at::Tensor& x, double eps) {
-  return dyn_quant(x, eps, at::kChar, ToI8{});
+  return dyn_quant<ToI8>(x, eps, at::kChar);
 }
 
 }  // namespace

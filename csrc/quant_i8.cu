@@ -20,17 +20,26 @@ template <typename T>
 struct QuantI8 {
   ScalarArg scale, zp;
   float qmin, qmax;
+  // A device tensor operand is first cast to x's dtype (TensorIterator's common dtype); a host scalar
+  // is read as a float. Host scale: multiply by the float reciprocal, as eager does; device: divide.
+  __device__ float div(float x, float s) const { return scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s); }
+  __device__ float s() const { return scale.ptr ? rnd<T>(scale.get()) : scale.get(); }
+  __device__ float z() const { return zp.ptr ? rnd<T>(zp.get()) : zp.get(); }
   __device__ int8_t operator()(const T (&v)[1]) const {
-    const float x = static_cast<float>(v[0]);
-    // A device tensor operand is first cast to x's dtype (TensorIterator's common dtype); a host scalar
-    // is read as a float. Host scale: multiply by the float reciprocal, as eager does; device: divide.
-    const float s = scale.ptr ? rnd<T>(scale.get()) : scale.get();
-    const float z = zp.ptr ? rnd<T>(zp.get()) : zp.get();
-    float t = rnd<T>(scale.ptr ? __fdiv_rn(x, s) : x * (1.0f / s));
-    t = rnd<T>(t + z);
-    t = rintf(t);
+    float t = rintf(rnd<T>(rnd<T>(div(static_cast<float>(v[0]), s())) + z()));
     if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);  // eager's clamp lets NaN through
     return static_cast<int8_t>(t);
+  }
+  // bf16: two values per rounding (rnd2). Measured on an H200 at 50M elements: bf16 0.066 -> 0.058 ms;
+  // fp16 was slower this way (0.043 -> 0.048 ms), so it keeps the one-element path.
+  static constexpr bool kPairs = std::is_same_v<T, c10::BFloat16>;
+  __device__ void pair(const T (&va)[1], const T (&vb)[1], int8_t& oa, int8_t& ob) const {
+    const float sc = s(), zc = z();
+    float a = div(static_cast<float>(va[0]), sc), b = div(static_cast<float>(vb[0]), sc);
+    rnd2<T>(a, b);
+    a += zc, b += zc;
+    rnd2<T>(a, b);
+    oa = round_to_i8(a, qmin, qmax), ob = round_to_i8(b, qmin, qmax);
   }
 };
 

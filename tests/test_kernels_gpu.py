@@ -147,6 +147,73 @@ def test_kernel_nan_inf_like_eager(p, dtype):
             assert torch.equal(o[keep], r[keep])
 
 
+def _bits_step(x: torch.Tensor, step: int) -> torch.Tensor:
+    """x with `step` added to the bit pattern of each finite nonzero element: its neighbours one unit in the
+    last place away (zeros and infinities stay: their neighbours in bits are NaNs)."""
+    ints = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[x.dtype]
+    return torch.where((x == 0) | ~x.isfinite(), x, (x.view(ints) + step).view(x.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["dyn_quant_i8", "dyn_quant_fp8"])
+def test_dyn_quant_rounding_boundaries(op, dtype):
+    """x / s on and one ulp beside every rounding boundary of the format (k + 0.5 for int8, the midpoints of
+    e4m3). The kernels take x / s from two bracketing products and must fall back to eager's true division
+    exactly there: bit-exact with eager, in rows whose scale is a power of two and rows whose is not."""
+    p = registry.by_id(f"quantize.{op}")
+    if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+        pytest.skip("no kernel")
+    if op == "dyn_quant_i8":
+        kmax, bounds = 127.0, torch.arange(-127, 127, dtype=torch.float64) + 0.5
+    else:
+        grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()  # 0 .. 448
+        mids = (grid[1:] + grid[:-1]) / 2
+        kmax, bounds = 448.0, torch.cat([mids, -mids])
+    rows = []
+    for amax in (kmax, kmax / 16, 3.0, 1.0, 1e-3):
+        row = torch.zeros(256, dtype=torch.float64)  # 256: the vectorized path; [:, :255] below: the scalar one
+        row[0], row[1:1 + bounds.numel()] = amax, bounds * (amax / kmax)
+        rows.append(row)
+    x = torch.stack(rows).to(dtype).cuda()
+    inner, outer = x.clone(), x.clone()
+    inner[:, 1:], outer[:, 1:] = _bits_step(x[:, 1:], 1), _bits_step(x[:, 1:], -1)
+    eps = p.make_args((1, 8), dtype, "cuda")[1:]
+    for xs in (x, inner, outer, x[:, :255].contiguous()):
+        _check(p, [xs, *eps], _run(p, [xs, *eps]))
+    # a subnormal scale (eps = 0 in a direct call, a row of tiny values): eager's path for the whole row
+    if dtype == torch.float32:
+        tiny = torch.tensor([[1e-39, -3e-40, 2.5e-40, 0.0] * 8], device="cuda")
+        out = getattr(torch.ops.fusekit, op)(tiny, 0.0)
+        ref = p.reference(tiny, 0.0)
+        assert torch.equal(out[1], ref[1])
+        assert torch.equal(out[0].view(torch.uint8), ref[0].view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("per_row", [False, True], ids=["per_col", "per_row"])
+def test_quant_channel_rounding_boundaries(per_row, dtype):
+    """x / scale + zp on and one ulp beside k + 0.5 (and past the clamp), one scale per channel: powers
+    of two, thirds, tiny and huge ones. The kernel brackets x / scale with a fast reciprocal and must
+    divide truly exactly there: bit-exact with eager."""
+    p = registry.by_id(f"quantize.quant_i8_{'per_row' if per_row else 'per_col'}")
+    if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+        pytest.skip("no kernel")
+    scale = torch.tensor([1.0, 0.375, 1 / 3, 0.05, 7.0, 2.0 ** -10, 0.0125, 3.3, 1e-30, 1e30, 0.1, 0.2,
+                          2.0 ** -20, 0.7, 5.0, 0.01], dtype=torch.float64)
+    zp = torch.tensor([0.0, 3.0, -2.0, 0.5, 1.0, -7.0, 0.0, 2.0] * 2, dtype=torch.float64)
+    bounds = torch.arange(-131, 131, dtype=torch.float64) + 0.5  # 262 boundaries, some past the clamp
+    bounds = torch.cat([bounds, torch.zeros(2, dtype=torch.float64)])  # 264 = 33 vectors of 8
+    x = (bounds[:, None] - zp) * scale  # [264, 16]: one scale per column
+    sc, z = scale.float(), zp.float()
+    if per_row:
+        x, sc, z = x.t(), sc[:, None], z[:, None]
+    x = x.to(dtype).contiguous().cuda()
+    sc, z = sc.cuda(), z.cuda()
+    for xs in (x, _bits_step(x, 1), _bits_step(x, -1)):
+        args = [xs, sc, z, -128, 127]
+        _check(p, args, _run(p, args))
+
+
 @pytest.mark.parametrize("p,dtype", cuda_patterns())
 def test_bad_direct_calls_raise_clear_errors(p, dtype):
     args = list(p.make_args(p.cases[0], dtype, "cuda"))
