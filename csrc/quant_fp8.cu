@@ -23,7 +23,6 @@ struct QuantFp8 {
     return to_e4m3(t);
   }
   // Two values per rounding and per e4m3 conversion; saturating to +-448 is the clamp (NaN stays NaN).
-  // Measured on an H200 at 20M/50M elements: bf16 79-84% -> 96-101% of copy bandwidth.
   static constexpr bool kPairs = true;
   __device__ void pair(const T (&va)[1], const T (&vb)[1], uint8_t& oa, uint8_t& ob) const {
     float a = div(static_cast<float>(va[0])), b = div(static_cast<float>(vb[0]));

@@ -19,56 +19,30 @@ __device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmi
 }
 
 // Vector path: cols % V == 0, so the V elements of a vector share one row (PER_ROW: one scale) or span
-// V consecutive columns (one vector load of scale and zp); the index math is once per vector, in 32 bits
-// where the tensor allows (I = uint32_t: a 64-bit division per vector is dozens of instructions). Each
-// thread loads kVecsPerThread vectors before any math, as the elementwise engine does.
-template <typename T, int V, bool PER_ROW, typename I>
+// V consecutive columns (one vector load of scale and zp); the index math is once per vector.
+template <typename T, int V, bool PER_ROW>
 __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
                                                                  const float* __restrict__ zp, int8_t* __restrict__ q,
                                                                  int64_t n, int64_t cols, float qmin, float qmax) {
-  constexpr int U = kVecsPerThread;
-  const I nvec = static_cast<I>(n / V), vcols = static_cast<I>(cols / V);
-  const I base = static_cast<I>(blockIdx.x) * (U * kThreads) + threadIdx.x;
-  Vec<T, V> v[U];
-  Vec<float, V> s[U], z[U];
+  const int64_t nvec = n / V;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one vector per thread, one-shot
+  if (i < nvec) {
+    const Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(x)[i];
+    Vec<int8_t, V> o;
+    if constexpr (PER_ROW) {
+      const int64_t r = (i * V) / cols;
+      const float s = scale[r], z = zp[r];
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const I i = base + u * kThreads;
-    if (i < nvec) {
-      v[u] = reinterpret_cast<const Vec<T, V>*>(x)[i];
-      if constexpr (PER_ROW) {
-        const I r = i / vcols;
-        s[u].v[0] = scale[r], z[u].v[0] = zp[r];
-      } else {
-        const I c = i % vcols;
-        s[u] = reinterpret_cast<const Vec<float, V>*>(scale)[c];
-        z[u] = reinterpret_cast<const Vec<float, V>*>(zp)[c];
-      }
+      for (int j = 0; j < V; ++j) o.v[j] = quant_one(static_cast<float>(v.v[j]), s, z, qmin, qmax);
+    } else {
+      const int64_t c = (i * V) % cols;
+      const Vec<float, V> s = *reinterpret_cast<const Vec<float, V>*>(scale + c);
+      const Vec<float, V> z = *reinterpret_cast<const Vec<float, V>*>(zp + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = quant_one(static_cast<float>(v.v[j]), s.v[j], z.v[j], qmin, qmax);
     }
+    reinterpret_cast<Vec<int8_t, V>*>(q)[i] = o;
   }
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const I i = base + u * kThreads;
-    if (i < nvec) {
-      Vec<int8_t, V> o;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        o.v[j] = PER_ROW ? quant_one(static_cast<float>(v[u].v[j]), s[u].v[0], z[u].v[0], qmin, qmax)
-                         : quant_one(static_cast<float>(v[u].v[j]), s[u].v[j], z[u].v[j], qmin, qmax);
-      }
-      reinterpret_cast<Vec<int8_t, V>*>(q)[i] = o;
-    }
-  }
-}
-
-template <typename T, int V, bool PER_ROW>
-void launch_channel_vec(const T* x, const float* s, const float* z, int8_t* q, int64_t n, int64_t cols, float lo,
-                        float hi, cudaStream_t stream) {
-  const unsigned blocks = one_shot_blocks(n / V);
-  if (n / V + int64_t(kVecsPerThread) * kThreads * 2 < UINT32_MAX)
-    quant_channel_kernel<T, V, PER_ROW, uint32_t><<<blocks, kThreads, 0, stream>>>(x, s, z, q, n, cols, lo, hi);
-  else
-    quant_channel_kernel<T, V, PER_ROW, int64_t><<<blocks, kThreads, 0, stream>>>(x, s, z, q, n, cols, lo, hi);
 }
 
 // Any shape and alignment: one element per step.
@@ -114,9 +88,9 @@ at::Tensor quant_i8_channel_cuda(const at::Tensor& x, const at::Tensor& scale, c
                      reinterpret_cast<uintptr_t>(zpp) % (4 * V) == 0;
     const float lo = float(qmin), hi = float(qmax);
     if (vec && per_row)
-      launch_channel_vec<scalar_t, V, true>(xp, sp, zpp, qp, n, cols, lo, hi, stream);
+      quant_channel_kernel<scalar_t, V, true><<<(n / V + kThreads - 1) / kThreads, kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else if (vec)
-      launch_channel_vec<scalar_t, V, false>(xp, sp, zpp, qp, n, cols, lo, hi, stream);
+      quant_channel_kernel<scalar_t, V, false><<<(n / V + kThreads - 1) / kThreads, kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else if (per_row)
       quant_channel_scalar_kernel<scalar_t, true><<<blocks_for(n), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else
