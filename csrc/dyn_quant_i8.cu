@@ -16,21 +16,17 @@ namespace {
 struct ToI8 {
   using Out = int8_t;
   static constexpr float kMax = 127.0f;
-  __device__ static int8_t exact(float x, float s) {
-    const float t = rintf(__fdiv_rn(x, s));  // torch.round: half to even
-    return isnan(t) ? int8_t(0) : static_cast<int8_t>(fminf(fmaxf(t, -128.0f), 127.0f));  // NaN -> 0, as eager's cast
-  }
-  // fma(x, r, 1.5 * 2^23) rounds x * r to an integer (half to even) held in the low mantissa bits, whose low
-  // byte is the int8 (|x * r| < 128: no clamp). No F2I (a quarter-rate conversion), bytes packed with PRMT.
+  __device__ static int8_t exact(float x, float s) { return round_to_i8(__fdiv_rn(x, s), -128.0f, 127.0f); }
+  // fma(x, r, kRoundMagic) rounds x * r half to even; its low byte is the int8 (|x * r| < 128: no clamp).
+  // Bytes packed with PRMT.
   template <int V>
   __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, Vec<int8_t, V>& o) {
-    constexpr float kMagic = 12582912.0f;
     uint32_t b[V];
     bool same = true;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      b[j] = __float_as_uint(fmaf(x[j], rhi, kMagic));
-      same &= b[j] == __float_as_uint(fmaf(x[j], rlo, kMagic));
+      b[j] = __float_as_uint(fmaf(x[j], rhi, kRoundMagic));
+      same &= b[j] == __float_as_uint(fmaf(x[j], rlo, kRoundMagic));
     }
     if constexpr (V % 4 == 0) {
       uint32_t w[V / 4];

@@ -198,13 +198,16 @@ __device__ __forceinline__ void rnd2(float& a, float& b) {
   }
 }
 
+// 1.5 * 2^23: for |t| < 2^22, t + kRoundMagic (or fma(x, r, kRoundMagic)) rounds t half to even into the
+// low mantissa bits, whose low byte is then the int8: no F2I or FRND, both on the conversion pipe.
+constexpr float kRoundMagic = 12582912.0f;
+
 // torch.round then clamp to [qmin, qmax] (integers, so the two commute) then .to(int8), for |t| finite or
-// not: 1.5 * 2^23 + t rounds t half to even into the low mantissa bits, whose low byte is the int8 (no F2I
-// or FRND, both on the conversion pipe). NaN -> 0, as eager's float -> int8 conversion on CUDA.
+// not. NaN -> 0, as eager's float -> int8 conversion on CUDA.
 __device__ __forceinline__ int8_t round_to_i8(float t, float qmin, float qmax) {
   if (isnan(t)) return 0;
   t = fminf(fmaxf(t, qmin), qmax);
-  return static_cast<int8_t>(__float_as_uint(t + 12582912.0f) & 0xffu);
+  return static_cast<int8_t>(__float_as_uint(t + kRoundMagic) & 0xffu);
 }
 
 // Float math shared by the activation kernels (eager's formulas, evaluated in float32).

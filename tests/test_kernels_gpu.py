@@ -193,8 +193,8 @@ def test_dyn_quant_rounding_boundaries(op, dtype):
 @pytest.mark.parametrize("per_row", [False, True], ids=["per_col", "per_row"])
 def test_quant_channel_rounding_boundaries(per_row, dtype):
     """x / scale + zp on and one ulp beside k + 0.5 (and past the clamp), one scale per channel: powers
-    of two, thirds, tiny and huge ones. The kernel brackets x / scale with a fast reciprocal and must
-    divide truly exactly there: bit-exact with eager."""
+    of two, thirds, tiny and huge ones (a guard for any shortcut around the per-element division, such as
+    the reciprocal bracket tried and measured slower): bit-exact with eager."""
     p = registry.by_id(f"quantize.quant_i8_{'per_row' if per_row else 'per_col'}")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no kernel")
