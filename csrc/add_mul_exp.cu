@@ -11,11 +11,12 @@
 namespace fusekit {
 namespace {
 
-template <typename T>
 struct AddMulExp {
+  static constexpr bool kFloat2 = true;
   ScalarArg c;
-  __device__ T operator()(const T (&v)[2]) const {
-    return to<T>(expf((static_cast<float>(v[0]) + static_cast<float>(v[1])) * c.get()));
+  __device__ float2 operator()(const float2 (&v)[2]) const {
+    const float cv = c.get();
+    return map2([cv](float x, float y) { return expf((x + y) * cv); }, v[0], v[1]);
   }
 };
 
@@ -30,7 +31,7 @@ at::Tensor add_mul_exp_cuda(const at::Tensor& x, const at::Tensor& y, double c,
   auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
   auto cs = scalar_arg("c", c, c_t, x.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_mul_exp", [&] {
-    launch_elementwise<2>(AddMulExp<scalar_t>{cs}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+    launch_elementwise<2>(AddMulExp{cs}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                           y.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), x.numel());
   });
   return out;

@@ -13,10 +13,11 @@ namespace {
 
 template <typename T, bool TANH>
 struct BiasGelu {
-  __device__ T operator()(const T (&v)[2]) const {
+  static constexpr bool kFloat2 = true;
+  __device__ float2 operator()(const float2 (&v)[2]) const {
     // eager rounds x + bias to T before the GELU
-    const float x = rnd<T>(static_cast<float>(v[0]) + static_cast<float>(v[1]));
-    return to<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
+    const float2 x = rnd2<T>(map2([](float a, float b) { return a + b; }, v[0], v[1]));
+    return map2([](float a) { return gelu_for<T>(a, TANH); }, x);
   }
 };
 

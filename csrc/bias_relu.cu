@@ -10,10 +10,12 @@
 namespace fusekit {
 namespace {
 
-template <typename T>
+// Eager rounds x + bias to T before the ReLU; rounding is monotone and keeps the sign, so rounding once
+// after the ReLU gives the same value.
 struct BiasRelu {
-  __device__ T operator()(const T (&v)[2]) const {
-    return to<T>(relu(rnd<T>(static_cast<float>(v[0]) + static_cast<float>(v[1]))));
+  static constexpr bool kFloat2 = true;
+  __device__ float2 operator()(const float2 (&v)[2]) const {
+    return map2([](float x, float b) { return relu(x + b); }, v[0], v[1]);
   }
 };
 
@@ -22,7 +24,7 @@ at::Tensor bias_relu_cuda(const at::Tensor& x, const at::Tensor& bias) {
   c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_relu", [&] {
-    launch_elementwise<2, 0b10>(BiasRelu<scalar_t>{}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+    launch_elementwise<2, 0b10>(BiasRelu{}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                                 bias.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), x.numel(),
                                 bias.numel());
   });

@@ -80,93 +80,6 @@ constexpr int vec_width() { return 16 / (sizeof(T) > sizeof(Out) ? sizeof(T) : s
 
 constexpr int kVecsPerThread = 2;  // independent 16-byte loads per thread and input, all issued first
 
-// An op with `static constexpr bool kPairs = true` also defines pair(a, b, out_a, out_b) for two
-// neighbouring elements: kernels that round to a 16-bit type between steps (eager's semantics) then
-// round two values per conversion instruction (see rnd2).
-template <typename Op, typename = void>
-struct has_pair : std::false_type {};
-template <typename Op>
-struct has_pair<Op, std::enable_if_t<Op::kPairs>> : std::true_type {};
-
-// out[i] = op({in[0][i], ..., in[N-1][i]}) over n elements. Bit k of ROW marks input k as a [cols] vector
-// broadcast along the last dimension (a bias). One-shot blocks (no grid-stride loop): the block scheduler
-// keeps the SMs full and every thread's loads are in flight together. Vector loads when every pointer is
-// aligned and cols is a multiple of the vector width; the < V leftover elements go to block 0.
-template <int N, int ROW, typename T, typename Out, int V, typename Op>
-__global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __restrict__ out,
-                                                               const T* __restrict__ a, const T* __restrict__ b,
-                                                               const T* __restrict__ c, int64_t n, int64_t cols) {
-  const T* in[3] = {a, b, c};
-  const int64_t nvec = n / V, vcols = cols / V;
-  const int64_t base = int64_t(blockIdx.x) * kVecsPerThread * kThreads + threadIdx.x;
-  Vec<T, V> x[kVecsPerThread][N];
-#pragma unroll
-  for (int u = 0; u < kVecsPerThread; ++u) {
-    const int64_t i = base + u * kThreads;
-    if (i < nvec) {
-#pragma unroll
-      for (int k = 0; k < N; ++k)
-        x[u][k] = reinterpret_cast<const Vec<T, V>*>(in[k])[(ROW >> k) & 1 ? i % vcols : i];
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kVecsPerThread; ++u) {
-    const int64_t i = base + u * kThreads;
-    if (i < nvec) {
-      Vec<Out, V> o;
-      if constexpr (has_pair<Op>::value && V % 2 == 0) {
-#pragma unroll
-        for (int j = 0; j < V; j += 2) {
-          T va[N], vb[N];
-#pragma unroll
-          for (int k = 0; k < N; ++k) va[k] = x[u][k].v[j], vb[k] = x[u][k].v[j + 1];
-          op.pair(va, vb, o.v[j], o.v[j + 1]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          T vals[N];
-#pragma unroll
-          for (int k = 0; k < N; ++k) vals[k] = x[u][k].v[j];
-          o.v[j] = op(vals);
-        }
-      }
-      reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
-    }
-  }
-  if (blockIdx.x == 0) {
-    for (int64_t i = nvec * V + threadIdx.x; i < n; i += kThreads) {
-      T vals[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) vals[k] = in[k][(ROW >> k) & 1 ? i % cols : i];
-      out[i] = op(vals);
-    }
-  }
-}
-
-inline unsigned one_shot_blocks(int64_t units) {
-  const int64_t per_block = int64_t(kThreads) * kVecsPerThread;
-  return static_cast<unsigned>(std::max<int64_t>(1, (units + per_block - 1) / per_block));
-}
-
-// Launch `op` on the current stream over contiguous inputs of one dtype T (`cols` is the length of the
-// row-broadcast inputs selected by ROW; ignored when ROW == 0).
-template <int N, int ROW = 0, typename T, typename Out, typename Op>
-void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int64_t n, int64_t cols = 1) {
-  if (n == 0) return;
-  constexpr int V = vec_width<T, Out>();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto ok = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  bool vec = ok(out, sizeof(Vec<Out, V>)) && ok(a, sizeof(Vec<T, V>)) && (N < 2 || ok(b, sizeof(Vec<T, V>))) &&
-             (N < 3 || ok(c, sizeof(Vec<T, V>))) && (ROW == 0 || cols % V == 0);
-  if (vec) {
-    elementwise_kernel<N, ROW, T, Out, V><<<one_shot_blocks(n / V), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
-  } else {
-    elementwise_kernel<N, ROW, T, Out, 1><<<one_shot_blocks(n), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 // float -> T, round to nearest even, and the float value that rounding gives. bfloat16 rounds one value
 // with integer ops: a lone F2F conversion made bf16 kernels slower (measured on an H200: bias + ReLU in
 // bf16 at 50M elements, 0.070 ms this way, 0.081 ms with __float2bfloat16_rn). rnd2 rounds two values
@@ -197,6 +110,176 @@ __device__ __forceinline__ void rnd2(float& a, float& b) {
     a = f.x, b = f.y;
   }
 }
+template <typename T>
+__device__ __forceinline__ float2 rnd2(float2 v) {
+  rnd2<T>(v.x, v.y);
+  return v;
+}
+
+// f applied lane by lane: map2(f, a, b) = {f(a.x, b.x), f(a.y, b.y)} (the float2 ops' arithmetic).
+template <typename F, typename... A>
+__device__ __forceinline__ float2 map2(F f, A... a) {
+  return make_float2(f(a.x...), f(a.y...));
+}
+
+// An op with `static constexpr bool kPairs = true` also defines pair(a, b, out_a, out_b) for two
+// neighbouring elements: kernels that round to a 16-bit type between steps (eager's semantics) then
+// round two values per conversion instruction (see rnd2).
+template <typename Op, typename = void>
+struct has_pair : std::false_type {};
+template <typename Op>
+struct has_pair<Op, std::enable_if_t<Op::kPairs>> : std::true_type {};
+
+// An op with `static constexpr bool kFloat2 = true` computes in float on two neighbouring elements:
+// `float2 operator()(const float2 (&v)[N])`, inputs converted by the engine and the two results rounded
+// to T with one packed conversion (ops whose output dtype is their input dtype; see benchmarks/NOTES.md).
+template <typename Op, typename = void>
+struct is_float2_op : std::false_type {};
+template <typename Op>
+struct is_float2_op<Op, std::enable_if_t<Op::kFloat2>> : std::true_type {};
+
+template <typename T>
+__device__ __forceinline__ float2 load2(const T* p) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  else if constexpr (std::is_same_v<T, c10::Half>) return __half22float2(*reinterpret_cast<const __half2*>(p));
+  else return make_float2(static_cast<float>(p[0]), static_cast<float>(p[1]));
+}
+template <typename T>
+__device__ __forceinline__ void store2(T* p, float2 r) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) *reinterpret_cast<__nv_bfloat162*>(p) = __float22bfloat162_rn(r);
+  else if constexpr (std::is_same_v<T, c10::Half>) *reinterpret_cast<__half2*>(p) = __float22half2_rn(r);
+  else p[0] = static_cast<T>(r.x), p[1] = static_cast<T>(r.y);
+}
+
+// What a thread holds of one vector load, read back as elements or as float pairs. bf16 is held as 32-bit
+// words (bf16 pairs) and split where used: held as 16-bit elements, each load was unpacked (PRMT, which
+// waits for it) before the next load was issued, so the loads ran one after another (static INT8 and
+// bias + ReLU in bf16; benchmarks/NOTES.md). fp16 needs no unpacking (HADD2.F32 reads either half).
+template <typename T, int V, typename = void>
+struct Held {
+  Vec<T, V> x;
+  __device__ __forceinline__ void load(const T* p, int64_t i) { x = reinterpret_cast<const Vec<T, V>*>(p)[i]; }
+  __device__ __forceinline__ T elem(int j) const { return x.v[j]; }
+  __device__ __forceinline__ float2 pair(int j) const { return load2(&x.v[j]); }
+};
+template <int V>
+struct Held<c10::BFloat16, V, std::enable_if_t<V % 2 == 0>> {
+  Vec<uint32_t, V / 2> w;
+  __device__ __forceinline__ void load(const c10::BFloat16* p, int64_t i) {
+    w = reinterpret_cast<const Vec<uint32_t, V / 2>*>(p)[i];
+  }
+  __device__ __forceinline__ c10::BFloat16 elem(int j) const {
+    return c10::BFloat16(static_cast<unsigned short>(w.v[j / 2] >> (16 * (j % 2))), c10::BFloat16::from_bits());
+  }
+  __device__ __forceinline__ float2 pair(int j) const {  // j even
+    return make_float2(__uint_as_float(w.v[j / 2] << 16), __uint_as_float(w.v[j / 2] & 0xffff0000u));
+  }
+};
+
+// One element through the engine's per-element call: a float2 op sees it twice (tails, unaligned views).
+template <typename T, typename Out, int N, typename Op>
+__device__ __forceinline__ Out apply1(const Op& op, const T (&vals)[N]) {
+  if constexpr (is_float2_op<Op>::value) {
+    float2 f[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) f[k] = make_float2(static_cast<float>(vals[k]), static_cast<float>(vals[k]));
+    return to<Out>(op(f).x);
+  } else {
+    return op(vals);
+  }
+}
+
+// out[i] = op({in[0][i], ..., in[N-1][i]}) over n elements. Bit k of ROW marks input k as a [cols] vector
+// broadcast along the last dimension (a bias). One-shot blocks (no grid-stride loop): the block scheduler
+// keeps the SMs full and every thread's loads are in flight together. Vector loads when every pointer is
+// aligned and cols is a multiple of the vector width; the < V leftover elements go to block 0.
+template <int N, int ROW, typename T, typename Out, int V, typename Op>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __restrict__ out,
+                                                               const T* __restrict__ a, const T* __restrict__ b,
+                                                               const T* __restrict__ c, int64_t n, int64_t cols) {
+  const T* in[3] = {a, b, c};
+  const int64_t nvec = n / V, vcols = cols / V;
+  const int64_t base = int64_t(blockIdx.x) * kVecsPerThread * kThreads + threadIdx.x;
+  // Index math first, then every load: the broadcast index's 64-bit modulo is a call, and ptxas does not
+  // move work across it, so a load placed before it had its bf16 unpacking (and a wait) scheduled before
+  // the next load (bias + ReLU in bf16: 64% of copy; benchmarks/NOTES.md).
+  int64_t row[kVecsPerThread];
+#pragma unroll
+  for (int u = 0; u < kVecsPerThread; ++u) row[u] = ROW ? (base + u * kThreads) % vcols : 0;
+  Held<T, V> x[kVecsPerThread][N];
+#pragma unroll
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    const int64_t i = base + u * kThreads;
+    if (i < nvec) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) x[u][k].load(in[k], (ROW >> k) & 1 ? row[u] : i);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    const int64_t i = base + u * kThreads;
+    if (i < nvec) {
+      Vec<Out, V> o;
+      if constexpr (is_float2_op<Op>::value && V % 2 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 2) {
+          float2 f[N];
+#pragma unroll
+          for (int k = 0; k < N; ++k) f[k] = x[u][k].pair(j);
+          store2(&o.v[j], op(f));
+        }
+      } else if constexpr (has_pair<Op>::value && V % 2 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 2) {
+          T va[N], vb[N];
+#pragma unroll
+          for (int k = 0; k < N; ++k) va[k] = x[u][k].elem(j), vb[k] = x[u][k].elem(j + 1);
+          op.pair(va, vb, o.v[j], o.v[j + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          T vals[N];
+#pragma unroll
+          for (int k = 0; k < N; ++k) vals[k] = x[u][k].elem(j);
+          o.v[j] = apply1<T, Out>(op, vals);
+        }
+      }
+      reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
+    }
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t i = nvec * V + threadIdx.x; i < n; i += kThreads) {
+      T vals[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) vals[k] = in[k][(ROW >> k) & 1 ? i % cols : i];
+      out[i] = apply1<T, Out>(op, vals);
+    }
+  }
+}
+
+inline unsigned one_shot_blocks(int64_t units) {
+  const int64_t per_block = int64_t(kThreads) * kVecsPerThread;
+  return static_cast<unsigned>(std::max<int64_t>(1, (units + per_block - 1) / per_block));
+}
+
+// Launch `op` on the current stream over contiguous inputs of one dtype T (`cols` is the length of the
+// row-broadcast inputs selected by ROW; ignored when ROW == 0).
+template <int N, int ROW = 0, typename T, typename Out, typename Op>
+void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int64_t n, int64_t cols = 1) {
+  if (n == 0) return;
+  constexpr int V = vec_width<T, Out>();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto ok = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  bool vec = ok(out, sizeof(Vec<Out, V>)) && ok(a, sizeof(Vec<T, V>)) && (N < 2 || ok(b, sizeof(Vec<T, V>))) &&
+             (N < 3 || ok(c, sizeof(Vec<T, V>))) && (ROW == 0 || cols % V == 0);
+  if (vec) {
+    elementwise_kernel<N, ROW, T, Out, V><<<one_shot_blocks(n / V), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+  } else {
+    elementwise_kernel<N, ROW, T, Out, 1><<<one_shot_blocks(n), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 
 // 1.5 * 2^23: for |t| < 2^22, t + kRoundMagic (or fma(x, r, kRoundMagic)) rounds t half to even into the
 // low mantissa bits, whose low byte is then the int8: no F2I or FRND, both on the conversion pipe.
@@ -216,6 +299,53 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// The same on the SFU (one MUFU.EX2 and one MUFU.RCP each, flushing subnormals) instead of libdevice's
+// erff/tanhf/expf and IEEE division, for results rounded to 16 bits: the errors stay far below a 16-bit
+// half ulp (~1e-6 relative in float32 math), and libdevice made GELU instruction-bound (GEMM epilogues at
+// K = 64; elementwise GELU in fp16/bf16 at 51-80% of copy; benchmarks/NOTES.md).
+//   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh(u) = 1 - 2 / (1 + e^(2u)).
+// Limits as eager's: erf(+-inf) = +-1, tanh -> +-1, silu(-inf) = NaN, NaN stays NaN.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float fast_erf(float x) {
+  const float ax = fabsf(x);
+  const float t = rcp_approx(fmaf(0.3275911f, ax, 1.0f));
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                                      -0.284496736f), 0.254829592f);
+  const float y = 1.0f - poly * ex2_approx(-kLog2e * ax * ax);
+  return copysignf(y, x);
+}
+__device__ __forceinline__ float fast_gelu_erf(float x) { return 0.5f * x * (1.0f + fast_erf(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float fast_gelu_tanh(float x) {
+  const float u = 0.79788456080286536f * fmaf(0.044715f * x * x, x, x);
+  const float th = 1.0f - 2.0f * rcp_approx(1.0f + ex2_approx(2.0f * kLog2e * u));  // e^(2u) = inf -> 1
+  return 0.5f * x * (1.0f + th);
+}
+__device__ __forceinline__ float fast_silu(float x) { return x * rcp_approx(1.0f + ex2_approx(-kLog2e * x)); }
+
+// The activation for a result of dtype T: eager's libdevice math for float32, the SFU forms for 16 bits.
+template <typename T>
+constexpr bool is_16bit = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+template <typename T>
+__device__ __forceinline__ float gelu_for(float x, bool tanh) {
+  if constexpr (is_16bit<T>) return tanh ? fast_gelu_tanh(x) : fast_gelu_erf(x);
+  else return tanh ? gelu_tanh(x) : gelu_erf(x);
+}
+template <typename T>
+__device__ __forceinline__ float silu_for(float x) {
+  if constexpr (is_16bit<T>) return fast_silu(x);
+  else return silu(x);
+}
 __device__ __forceinline__ float relu(float x) { return isnan(x) ? x : fmaxf(x, 0.0f); }  // NaN stays NaN
 
 // float -> float8_e4m3fn with round-to-nearest-even, as c10::Float8_e4m3fn does for |v| <= 448 (callers

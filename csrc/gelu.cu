@@ -12,9 +12,9 @@ namespace {
 
 template <typename T, bool TANH>
 struct Gelu {
-  __device__ T operator()(const T (&v)[1]) const {
-    const float x = static_cast<float>(v[0]);
-    return to<T>(TANH ? gelu_tanh(x) : gelu_erf(x));
+  static constexpr bool kFloat2 = true;
+  __device__ float2 operator()(const float2 (&v)[1]) const {
+    return map2([](float x) { return gelu_for<T>(x, TANH); }, v[0]);
   }
 };
 

@@ -12,10 +12,11 @@ namespace {
 
 template <typename T, bool TANH>
 struct GeluMul {
-  __device__ T operator()(const T (&v)[2]) const {
-    const float g = static_cast<float>(v[0]);
-    const float a = rnd<T>(TANH ? gelu_tanh(g) : gelu_erf(g));
-    return to<T>(a * static_cast<float>(v[1]));
+  static constexpr bool kFloat2 = true;
+  __device__ float2 operator()(const float2 (&v)[2]) const {
+    // eager rounds gelu(g) to T before the product
+    const float2 a = rnd2<T>(map2([](float g) { return gelu_for<T>(g, TANH); }, v[0]));
+    return map2([](float x, float u) { return x * u; }, a, v[1]);
   }
 };
 

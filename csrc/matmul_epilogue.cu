@@ -50,25 +50,8 @@ Act parse_act(const std::string& act) {
   TORCH_CHECK(false, "fusekit: act must be one of none, gelu, gelu_tanh, relu, silu; got '", act, "'");
 }
 
-// Epilogue activations. The GEMM epilogue is instruction-bound when the GEMM is short (K = 64: 25M outputs
-// per 0.02 ms of MMA), so these use the SFU (ex2, rcp) instead of libdevice's erff/tanhf/expf (benchmarks/NOTES.md). Errors stay far below a 16-bit output's half ulp (float32 inputs, ~1e-6 relative):
-//   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh(u) = 1 - 2 / (1 + e^(2u)).
-__device__ __forceinline__ float fast_erf(float x) {
-  const float ax = fabsf(x);
-  const float t = __fdividef(1.0f, fmaf(0.3275911f, ax, 1.0f));  // MUFU.RCP; __frcp_rn is a slow IEEE path
-  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
-                                      -0.284496736f), 0.254829592f);
-  const float y = 1.0f - poly * __expf(-ax * ax);
-  return copysignf(y, x);
-}
-__device__ __forceinline__ float epi_gelu_erf(float x) { return 0.5f * x * (1.0f + fast_erf(x * 0.70710678118654752f)); }
-__device__ __forceinline__ float epi_gelu_tanh(float x) {
-  const float u = 0.79788456080286536f * fmaf(0.044715f * x * x, x, x);
-  const float th = 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * u));  // e^(2u) = inf -> 1, 0 -> -1
-  return 0.5f * x * (1.0f + th);
-}
-__device__ __forceinline__ float epi_silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
-
+// Epilogue activations: fusekit.h's SFU forms (fast_gelu_erf, ...). The GEMM epilogue is instruction-
+// bound when the GEMM is short (K = 64: 25M outputs per 0.02 ms of MMA; benchmarks/NOTES.md).
 // The activation is a runtime argument (a uniform branch per fragment): one kernel serves all five,
 // instead of five times the instantiations and compile time.
 template <class T>
@@ -79,10 +62,10 @@ struct RuntimeAct {
   CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
 #ifdef __CUDA_ARCH__
     switch (args.act) {
-      case kGelu: return epi_gelu_erf(x);
-      case kGeluTanh: return epi_gelu_tanh(x);
+      case kGelu: return fast_gelu_erf(x);
+      case kGeluTanh: return fast_gelu_tanh(x);
       case kRelu: return relu(x);
-      case kSilu: return epi_silu(x);
+      case kSilu: return fast_silu(x);
       default: return x;
     }
 #else
@@ -105,10 +88,10 @@ struct RuntimeAct<cutlass::Array<T, N>> {
   CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
 #ifdef __CUDA_ARCH__
     switch (args.act) {
-      case kGelu: return map(v, [](T x) { return epi_gelu_erf(x); });
-      case kGeluTanh: return map(v, [](T x) { return epi_gelu_tanh(x); });
+      case kGelu: return map(v, [](T x) { return fast_gelu_erf(x); });
+      case kGeluTanh: return map(v, [](T x) { return fast_gelu_tanh(x); });
       case kRelu: return map(v, [](T x) { return relu(x); });
-      case kSilu: return map(v, [](T x) { return epi_silu(x); });
+      case kSilu: return map(v, [](T x) { return fast_silu(x); });
       default: return v;
     }
 #else

@@ -10,10 +10,10 @@
 namespace fusekit {
 namespace {
 
-template <typename T>
 struct MulAdd {
-  __device__ T operator()(const T (&v)[3]) const {
-    return to<T>(fmaf(static_cast<float>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2])));
+  static constexpr bool kFloat2 = true;
+  __device__ float2 operator()(const float2 (&v)[3]) const {
+    return map2([](float q, float k, float x) { return fmaf(q, k, x); }, v[0], v[1], v[2]);
   }
 };
 
@@ -28,7 +28,7 @@ at::Tensor mul_add_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
   c10::cuda::CUDAGuard guard(q.device());
   auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "mul_add", [&] {
-    launch_elementwise<3>(MulAdd<scalar_t>{}, out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(),
+    launch_elementwise<3>(MulAdd{}, out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(),
                           k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), q.numel());
   });
   return out;

@@ -10,11 +10,12 @@
 namespace fusekit {
 namespace {
 
-template <typename T>
 struct ScaleResidualAdd {
+  static constexpr bool kFloat2 = true;
   ScalarArg scale;
-  __device__ T operator()(const T (&v)[2]) const {
-    return to<T>(fmaf(static_cast<float>(v[0]), scale.get(), static_cast<float>(v[1])));
+  __device__ float2 operator()(const float2 (&v)[2]) const {
+    const float s = scale.get();
+    return map2([s](float x, float r) { return fmaf(x, s, r); }, v[0], v[1]);
   }
 };
 
@@ -29,7 +30,7 @@ at::Tensor scale_residual_add_cuda(const at::Tensor& x, const at::Tensor& residu
   auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
   auto s = scalar_arg("scale", scale, scale_t, x.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "scale_residual_add", [&] {
-    launch_elementwise<2>(ScaleResidualAdd<scalar_t>{s}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+    launch_elementwise<2>(ScaleResidualAdd{s}, out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                           residual.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), x.numel());
   });
   return out;

@@ -12,9 +12,11 @@ namespace {
 
 template <typename T>
 struct SiluMul {
-  __device__ T operator()(const T (&v)[2]) const {
-    const float s = rnd<T>(silu(static_cast<float>(v[0])));
-    return to<T>(s * static_cast<float>(v[1]));
+  static constexpr bool kFloat2 = true;
+  __device__ float2 operator()(const float2 (&v)[2]) const {
+    // eager rounds silu(g) to T before the product
+    const float2 s = rnd2<T>(map2([](float g) { return silu_for<T>(g); }, v[0]));
+    return map2([](float x, float u) { return x * u; }, s, v[1]);
   }
 };
 
