@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -196,16 +197,20 @@ __device__ __forceinline__ Out apply1(const Op& op, const T (&vals)[N]) {
 template <int N, int ROW, typename T, typename Out, int V, typename Op>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(Op op, Out* __restrict__ out,
                                                                const T* __restrict__ a, const T* __restrict__ b,
-                                                               const T* __restrict__ c, int64_t n, int64_t cols) {
+                                                               const T* __restrict__ c, int64_t n, int64_t cols,
+                                                               at::cuda::detail::IntDivider<unsigned> vdiv, bool idx32) {
   const T* in[3] = {a, b, c};
   const int64_t nvec = n / V, vcols = cols / V;
   const int64_t base = int64_t(blockIdx.x) * kVecsPerThread * kThreads + threadIdx.x;
-  // Index math first, then every load: the broadcast index's 64-bit modulo is a call, and ptxas does not
-  // move work across it, so a load placed before it had its bf16 unpacking (and a wait) scheduled before
-  // the next load (bias + ReLU in bf16: 64% of copy; benchmarks/NOTES.md).
+  // Index math first, then every load. The broadcast index is i % vcols: a multiply-shift (vdiv) where the
+  // indices fit 32 bits; a 64-bit modulo is a call, which held registers (6 blocks/SM instead of 8) and,
+  // placed between the loads, made them wait on each other (bias + GELU; benchmarks/NOTES.md).
   int64_t row[kVecsPerThread];
 #pragma unroll
-  for (int u = 0; u < kVecsPerThread; ++u) row[u] = ROW ? (base + u * kThreads) % vcols : 0;
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    const int64_t i = base + u * kThreads;
+    row[u] = !ROW ? 0 : idx32 ? int64_t(vdiv.divmod(static_cast<unsigned>(i)).mod) : i % vcols;
+  }
   Held<T, V> x[kVecsPerThread][N];
 #pragma unroll
   for (int u = 0; u < kVecsPerThread; ++u) {
@@ -273,10 +278,13 @@ void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int
   auto ok = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   bool vec = ok(out, sizeof(Vec<Out, V>)) && ok(a, sizeof(Vec<T, V>)) && (N < 2 || ok(b, sizeof(Vec<T, V>))) &&
              (N < 3 || ok(c, sizeof(Vec<T, V>))) && (ROW == 0 || cols % V == 0);
+  const int64_t units = vec ? n / V : n, vcols = vec ? cols / V : cols;
+  const bool idx32 = ROW != 0 && units < (int64_t(1) << 31) && vcols >= 1;  // + the grid's overhang < 2^32
+  const at::cuda::detail::IntDivider<unsigned> vdiv(idx32 ? static_cast<unsigned>(vcols) : 1u);
   if (vec) {
-    elementwise_kernel<N, ROW, T, Out, V><<<one_shot_blocks(n / V), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+    elementwise_kernel<N, ROW, T, Out, V><<<one_shot_blocks(units), kThreads, 0, stream>>>(op, out, a, b, c, n, cols, vdiv, idx32);
   } else {
-    elementwise_kernel<N, ROW, T, Out, 1><<<one_shot_blocks(n), kThreads, 0, stream>>>(op, out, a, b, c, n, cols);
+    elementwise_kernel<N, ROW, T, Out, 1><<<one_shot_blocks(units), kThreads, 0, stream>>>(op, out, a, b, c, n, cols, vdiv, idx32);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -325,11 +333,21 @@ __device__ __forceinline__ float fast_erf(float x) {
   const float y = 1.0f - poly * ex2_approx(-kLog2e * ax * ax);
   return copysignf(y, x);
 }
-__device__ __forceinline__ float fast_gelu_erf(float x) { return 0.5f * x * (1.0f + fast_erf(x * 0.70710678118654752f)); }
+// 0.5 x (1 + erf(x / sqrt 2)), with 1/sqrt 2 folded into the constants (13 instructions, 2 on the SFU).
+__device__ __forceinline__ float fast_gelu_erf(float x) {
+  const float t = rcp_approx(fmaf(0.3275911f * 0.70710678118654752f, fabsf(x), 1.0f));
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                                      -0.284496736f), 0.254829592f);
+  const float erf = copysignf(1.0f - poly * ex2_approx((-0.5f * kLog2e * x) * x), x);
+  const float h = 0.5f * x;
+  return fmaf(h, erf, h);
+}
+// 0.5 x (1 + tanh(u)) = x (1 - 1 / (1 + e^(2u))), u = sqrt(2/pi) (x + 0.044715 x^3), constants folded.
+// x = inf -> inf, x = -inf -> NaN: eager's values.
 __device__ __forceinline__ float fast_gelu_tanh(float x) {
-  const float u = 0.79788456080286536f * fmaf(0.044715f * x * x, x, x);
-  const float th = 1.0f - 2.0f * rcp_approx(1.0f + ex2_approx(2.0f * kLog2e * u));  // e^(2u) = inf -> 1
-  return 0.5f * x * (1.0f + th);
+  constexpr float k0 = 2.0f * kLog2e * 0.79788456080286536f, k1 = k0 * 0.044715f;
+  const float e = ex2_approx(x * fmaf(k1, x * x, k0));
+  return x * (1.0f - rcp_approx(1.0f + e));
 }
 __device__ __forceinline__ float fast_silu(float x) { return x * rcp_approx(1.0f + ex2_approx(-kLog2e * x)); }
 
