@@ -197,6 +197,15 @@ def missing_cuda_kernel(op: str, device: torch.device) -> str | None:
     return None
 
 
+def loaded_state() -> str:
+    """What this process can run on CUDA (part of the pass's cache key): a graph compiled where the kernels
+    loaded, with or without the CUTLASS ones, is not reused where they did not."""
+    st = _status
+    if st is None or not st.loaded:
+        return "no-cuda-kernels"
+    return f"{st.path}:{sorted(skipped(st.arch or 'any'))}"
+
+
 def build_id() -> str:
     """Identifies the kernels a compiled graph may call (part of the pass's cache key)."""
     root = csrc_dir()

@@ -66,6 +66,13 @@ def fusekit(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | 
     from . import ops  # noqa: F401 - schemas must exist before any (cached) graph calls them
     from .passes import FusekitPass
 
+    # A graph Inductor finds in its cache calls fusekit's ops without this pass running, so the kernels
+    # must be loaded before the lookup (seen on an H200: a warm cache, a new process, "Could not run
+    # 'fusekit::matmul_epilogue' with arguments from the 'CUDA' backend").
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs):
+        from . import _ext
+
+        _ext.load_for_device()
     fk, patches = split_options(mode, options)
     user_post = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = FusekitPass(fk, user_post)
