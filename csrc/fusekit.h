@@ -312,7 +312,7 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 // erff/tanhf/expf and IEEE division, for results rounded to 16 bits: the errors stay far below a 16-bit
 // half ulp (~1e-6 relative in float32 math), and libdevice made GELU instruction-bound (GEMM epilogues at
 // K = 64; elementwise GELU in fp16/bf16 at 51-80% of copy; benchmarks/NOTES.md).
-//   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh(u) = 1 - 2 / (1 + e^(2u)).
+//   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh as a sigmoid, below.
 // Limits as eager's: erf(+-inf) = +-1, tanh -> +-1, silu(-inf) = NaN, NaN stays NaN.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -325,14 +325,6 @@ __device__ __forceinline__ float rcp_approx(float x) {
   return y;
 }
 constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float fast_erf(float x) {
-  const float ax = fabsf(x);
-  const float t = rcp_approx(fmaf(0.3275911f, ax, 1.0f));
-  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
-                                      -0.284496736f), 0.254829592f);
-  const float y = 1.0f - poly * ex2_approx(-kLog2e * ax * ax);
-  return copysignf(y, x);
-}
 // 0.5 x (1 + erf(x / sqrt 2)), with 1/sqrt 2 folded into the constants (13 instructions, 2 on the SFU).
 __device__ __forceinline__ float fast_gelu_erf(float x) {
   const float t = rcp_approx(fmaf(0.3275911f * 0.70710678118654752f, fabsf(x), 1.0f));

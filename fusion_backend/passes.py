@@ -53,8 +53,9 @@ class FusekitPass(CustomGraphPass):
         for f in source_files():  # hashed each time (Inductor's get_hash_for_files caches per path)
             h.update(pathlib.Path(f).name.encode() + pathlib.Path(f).read_bytes())
         user_uuid = self.user_pass.uuid() if self.user_pass is not None else None
-        h.update(json.dumps({"opts": dataclasses.asdict(self.options), "ext": _ext.build_id(), "loaded": _ext.loaded_state(),
-                             "user": user_uuid, "torch": torch.__version__}).encode())
+        h.update(json.dumps({"opts": dataclasses.asdict(self.options), "ext": _ext.build_id(),
+                             "loaded": _ext.loaded_state(), "user": user_uuid,
+                             "torch": torch.__version__}).encode())
         return h.hexdigest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
