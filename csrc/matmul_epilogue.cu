@@ -104,8 +104,9 @@ struct RuntimeAct<cutlass::Array<T, N>> {
 // ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight), CTA tile and schedule.
 // Cooperative: both consumer warpgroups share a tile, so the epilogue runs at full width (short K, where
 // the epilogue is most of the work). Ping-pong: the warpgroups alternate tiles, so one's epilogue hides
-// under the other's MMAs (long K). Measured on an H200, see benchmarks/NOTES.md.
-template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong>
+// under the other's MMAs (long K). EpiTile: the sub-tile the epilogue converts and stores per step; wider
+// than CUTLASS's automatic choice, fewer steps (measured on an H200, see benchmarks/NOTES.md).
+template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile>
 struct Gemm {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
@@ -113,9 +114,8 @@ struct Gemm {
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, Element, float, Element, Element,
                                                                      float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC, kAlign, Element, LayoutC,
-      kAlign, std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, Element, LayoutC,
+      kAlign, Element, LayoutC, kAlign, std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                  cutlass::epilogue::TmaWarpSpecializedCooperative>, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
@@ -191,16 +191,21 @@ void run(const Problem& p, const at::Tensor& like) {
 using Tile128x128 = Shape<_128, _128, _64>;
 using Tile128x64 = Shape<_128, _64, _64>;
 using Cluster1 = Shape<_1, _1, _1>;
+using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
 // tiles; long K (>= 512, or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under
-// longer MMAs) ping-pong 128x128; the rest cooperative 128x128. Thresholds from bench_matmul on an H200.
+// longer MMAs) ping-pong 128x128 with 64x64 epilogue steps; the rest cooperative 128x128 with 128x64 steps.
+// Thresholds and epilogue steps from bench_matmul and a probe of 14 configurations on an H200
+// (benchmarks/NOTES.md): at K = 64 the 128x64 steps took 0.0451 ms instead of 0.0491 (bmm + bias + GELU,
+// [96,512,64,512]); at 1024^3 the 64x64 steps 0.1449 instead of 0.1484.
 template <class Element, class LayoutB>
 void dispatch(const Problem& p, const at::Tensor& like) {
   const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
-  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false>>(p, like);
-  else if (p.K >= (light_epilogue ? 512 : 1024)) run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true>>(p, like);
-  else run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false>>(p, like);
+  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto>>(p, like);
+  else if (p.K >= (light_epilogue ? 512 : 1024))
+    run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _64>>>(p, like);
+  else run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false, Shape<_128, _64>>>(p, like);
 }
 
 bool ok_stride(int64_t s) { return s % 8 == 0 && s > 0; }
@@ -279,10 +284,17 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   }
   at::Tensor c = out;
   p.ldc = N, p.sc = M * N;
+  // CUTLASS's epilogue adds C before the activation (act(alpha acc + beta C + bias)); the op's contract
+  // adds the residual after it. With an activation the residual is added by a separate kernel.
+  const bool residual_in_epilogue = residual.has_value() && act_id == kNone;
   if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == out.sizes() && residual->scalar_type() == a.scalar_type() &&
+                    residual->device() == a.device(),
+                "fusekit: matmul_epilogue: residual must match the output ", describe(out), "; got ",
+                describe(*residual));
+  }
+  if (residual_in_epilogue) {
     c = *residual;
-    TORCH_CHECK(c.sizes() == out.sizes() && c.scalar_type() == a.scalar_type() && c.device() == a.device(),
-                "fusekit: matmul_epilogue: residual must match the output ", describe(out), "; got ", describe(c));
     if (c.dim() > 3 || (b.dim() == 2 && c.dim() > 2)) c = c.reshape({-1, N});  // a view when viewable
     bool c_row = false;
     int64_t ldc = 0, sc = 0;
@@ -298,7 +310,7 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   p.a = a.data_ptr(), p.b = b.data_ptr(), p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
   p.c = c.data_ptr(), p.d = out.data_ptr();
   p.alpha = s.value, p.alpha_ptr = s.ptr;
-  p.beta = residual.has_value() ? 1.f : 0.f;  // beta == 0: C (here the output itself) is never read
+  p.beta = residual_in_epilogue ? 1.f : 0.f;  // beta == 0: C (here the output itself) is never read
   p.act = act_id;
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device().index()));
@@ -310,6 +322,7 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
     if (p.b_kmajor) dispatch<cutlass::bfloat16_t, cutlass::layout::ColumnMajor>(p, out);
     else dispatch<cutlass::bfloat16_t, cutlass::layout::RowMajor>(p, out);
   }
+  if (residual.has_value() && !residual_in_epilogue) out.add_(*residual);
   return out;
 }
 

@@ -52,6 +52,32 @@ __device__ __forceinline__ void absmax_update(const Vec<c10::BFloat16, V>& v, fl
   if constexpr (V % 2 == 0) absmax_packed<__nv_bfloat162>(v, amax, has_nan);
   else absmax_update<c10::BFloat16, V>(v, amax, has_nan);
 }
+// What a thread holds (fusekit.h's Held): bf16 as 32-bit words, so each load is not unpacked (PRMT) before
+// the next one is issued (dyn_quant bf16 ran at 80-87% of copy with 16-bit elements; benchmarks/NOTES.md).
+template <typename T, int V>
+__device__ __forceinline__ void absmax_update(const Held<T, V>& h, float& amax, bool& has_nan) {
+  absmax_update(h.x, amax, has_nan);
+}
+template <int V>
+__device__ __forceinline__ void absmax_update(const Held<c10::BFloat16, V>& h, float& amax, bool& has_nan) {
+  if constexpr (V % 2 == 0) {
+    __nv_bfloat162 m, w;
+    memcpy(&m, &h.w.v[0], 4);
+    m = __habs2(m);
+#pragma unroll
+    for (int j = 1; j < V / 2; ++j) {
+      memcpy(&w, &h.w.v[j], 4);
+      m = __hmax2_nan(m, __habs2(w));
+    }
+    uint32_t u;
+    memcpy(&u, &m, 4);
+    const float lo = __uint_as_float(u << 16), hi = __uint_as_float(u & 0xffff0000u);
+    has_nan |= isnan(lo) || isnan(hi);
+    amax = fmaxf(amax, fmaxf(lo, hi));
+  } else {
+    absmax_update(h.x, amax, has_nan);
+  }
+}
 
 // Q quantizes x / s into Q::Out (Q::kMax: the format's largest magnitude, 127 or 448):
 //   Q::exact(x, s)                  eager's value, with its true division;
@@ -62,11 +88,19 @@ __device__ __forceinline__ void absmax_update(const Vec<c10::BFloat16, V>& v, fl
 // rounded x / s gives it too. That costs two FMAs per element instead of a division: the fp16 kernel was
 // issue-bound (0.072 -> 0.054 ms at [16384, 4096] in a standalone probe on an H200, copy floor 0.049 ms).
 template <typename T, typename Q, int V>
-__device__ __forceinline__ void quantize_vec(const Vec<T, V>& v, typename Q::Out* dst, bool fast, float s,
+__device__ __forceinline__ void quantize_vec(const Held<T, V>& v, typename Q::Out* dst, bool fast, float s,
                                              float rlo, float rhi) {
   float xf[V];
+  if constexpr (V % 2 == 0) {
 #pragma unroll
-  for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(v.v[j]);
+    for (int j = 0; j < V; j += 2) {
+      const float2 f = v.pair(j);
+      xf[j] = f.x, xf[j + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(v.elem(j));
+  }
   Vec<typename Q::Out, V> o;
   if (!fast || !Q::bracket(xf, rlo, rhi, o)) {
 #pragma unroll
@@ -84,7 +118,7 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
   const T* xr = x + row * cols;
   typename Q::Out* qr = q + row * cols;
   const int64_t nvec = cols / V;
-  Vec<T, V> held[kRowVecs];
+  Held<T, V> held[kRowVecs];
   float amax = 0.f;
   bool has_nan = false;
   // all loads first, then the math: interleaved, the compiler waited for each load in turn (0.065 ms
@@ -92,14 +126,16 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) {
     const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    if (i < nvec) held[k] = reinterpret_cast<const Vec<T, V>*>(xr)[i];
+    if (i < nvec) held[k].load(xr, i);
   }
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) {
     if (threadIdx.x + int64_t(k) * blockDim.x < nvec) absmax_update(held[k], amax, has_nan);
   }
   for (int64_t i = threadIdx.x + int64_t(kRowVecs) * blockDim.x; i < nvec; i += blockDim.x) {
-    absmax_update(reinterpret_cast<const Vec<T, V>*>(xr)[i], amax, has_nan);
+    Held<T, V> h;
+    h.load(xr, i);
+    absmax_update(h, amax, has_nan);
   }
   for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) {
     float a = fabsf(static_cast<float>(xr[i]));
@@ -122,10 +158,14 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
     if (i < nvec) quantize_vec<T, Q>(held[k], qr + i * V, fast, s, rlo, rhi);
   }
   for (int64_t i = threadIdx.x + int64_t(kRowVecs) * blockDim.x; i < nvec; i += blockDim.x) {
-    quantize_vec<T, Q>(reinterpret_cast<const Vec<T, V>*>(xr)[i], qr + i * V, fast, s, rlo, rhi);
+    Held<T, V> h;
+    h.load(xr, i);
+    quantize_vec<T, Q>(h, qr + i * V, fast, s, rlo, rhi);
   }
   for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) {
-    quantize_vec<T, Q>(Vec<T, 1>{{xr[i]}}, qr + i, fast, s, rlo, rhi);
+    Held<T, 1> h;
+    h.load(xr, i);
+    quantize_vec<T, Q>(h, qr + i, fast, s, rlo, rhi);
   }
 }
 

@@ -314,6 +314,16 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
     torch.cuda.synchronize()
     _check(p, [a, b, bias, 0.3], out)
     op = torch.ops.fusekit.matmul_epilogue
+    # an activation with a residual: the residual is added after the activation, as the reference does
+    # (CUTLASS's epilogue would add it before)
+    from patterns.batched_matmul import matmul_epilogue_ref
+    res = r(4, 136, 136)
+    for act in ("gelu", "silu"):
+        out = op(a, b, bias, res, 0.3, act, False)
+        want = matmul_epilogue_ref(a.double(), b.double(), bias.double(), res.double(), scale=0.3, act=act)
+        same = matmul_epilogue_ref(a, b, bias, res, scale=0.3, act=act)
+        err, err_eager = ((x.double() - want).abs().max().item() for x in (out, same))
+        assert err <= 2 * err_eager + 1e-6 * want.abs().max().item(), (act, err, err_eager)
     for bad, msg in (((a[:, :, :60], r(4, 60, 136)), "multiples of 8"),          # K = 60
                      ((a, r(4, 64, 130)), "multiples of 8"),                       # N = 130
                      ((a, r(3, 64, 136)), "batched"),                              # batch mismatch
