@@ -325,6 +325,29 @@ __device__ __forceinline__ float rcp_approx(float x) {
   return y;
 }
 constexpr float kLog2e = 1.4426950408889634f;
+
+// x / s rounded to nearest even (IEEE, as __fdiv_rn) with the divisor's work done once: div_rn_recip(s)
+// is the refined reciprocal of CUDA's div.rn fast path (MUFU.RCP and one Newton step) and div_rn_by its
+// per-element part (a product and one correcting FMA), the same instructions __fdiv_rn runs when its
+// range check (FCHK) passes. __fdiv_rn repeats the reciprocal and the check per element; a kernel dividing
+// many elements by one scale was instruction-bound on it (per-channel INT8, benchmarks/NOTES.md).
+// Valid where every intermediate is a normal float: div_rn_fast_ok(x, s); elsewhere use __fdiv_rn.
+__device__ __forceinline__ float div_rn_recip(float s) {
+  const float r = rcp_approx(s);
+  return fmaf(r, fmaf(-s, r, 1.0f), r);
+}
+__device__ __forceinline__ float div_rn_by(float x, float s, float recip) {
+  const float q = x * recip;
+  return fmaf(fmaf(-s, q, x), recip, q);
+}
+__device__ __forceinline__ bool div_rn_divisor_ok(float s) {  // |s| in [2^-60, 2^60]
+  const float a = fabsf(s);
+  return a >= 0x1p-60f && a <= 0x1p60f;
+}
+__device__ __forceinline__ bool div_rn_dividend_ok(float x) {  // 0, or |x| in [2^-60, 2^60] (NaN: false)
+  const float a = fabsf(x);
+  return a == 0.0f || (a >= 0x1p-60f && a <= 0x1p60f);
+}
 // 0.5 x (1 + erf(x / sqrt 2)), with 1/sqrt 2 folded into the constants (13 instructions, 2 on the SFU).
 __device__ __forceinline__ float fast_gelu_erf(float x) {
   const float t = rcp_approx(fmaf(0.3275911f * 0.70710678118654752f, fabsf(x), 1.0f));

@@ -12,10 +12,43 @@
 namespace fusekit {
 namespace {
 
+// q = x / s (rounded as eager's true division) -> + z -> round half to even -> clamp -> int8, with the
+// rounding by fusekit.h's round_to_i8 (FRND + F2I per element, both on the conversion pipe, held the
+// 16-bit kernels at ~70% of copy).
+__device__ __forceinline__ int8_t quant_of(float q, float z, float qmin, float qmax) {
+  return round_to_i8(__fadd_rn(q, z), qmin, qmax);
+}
 __device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmin, float qmax) {
-  float t = rintf(__fadd_rn(__fdiv_rn(v, s), z));
-  if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);
-  return static_cast<int8_t>(t);
+  return quant_of(__fdiv_rn(v, s), z, qmin, qmax);
+}
+
+// One vector of V inputs (already float) against V (per column) or 1 (per row, sj = 0) scales: the divisor
+// work once per scale (div_rn_recip), __fdiv_rn for the whole vector when a value is out of its fast range.
+// A half input is in range when finite (nonzero |x| >= 2^-24); inf and NaN take __fdiv_rn.
+template <typename T, int V, int NS>
+__device__ __forceinline__ Vec<int8_t, V> quant_vec(const float (&xf)[V], const float (&s)[NS], const float (&r)[NS],
+                                                    const float (&z)[NS], bool s_ok, float qmin, float qmax) {
+  bool ok = s_ok;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    if constexpr (std::is_same_v<T, c10::Half>) ok &= fabsf(xf[j]) <= 0x1p60f;
+    else ok &= div_rn_dividend_ok(xf[j]);
+  }
+  Vec<int8_t, V> o;
+  if (ok) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int k = NS == 1 ? 0 : j;
+      o.v[j] = quant_of(div_rn_by(xf[j], s[k], r[k]), z[k], qmin, qmax);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int k = NS == 1 ? 0 : j;
+      o.v[j] = quant_one(xf[j], s[k], z[k], qmin, qmax);
+    }
+  }
+  return o;
 }
 
 // Vector path (cols % V == 0, aligned): a thread owns one column vector (V columns) in R consecutive rows:
@@ -39,27 +72,47 @@ __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __rest
 #pragma unroll
   for (int u = 0; u < R; ++u)
     if (r0 + u < rows) h[u].load(x, (r0 + u) * vcols + cv);
-  float s[PER_ROW ? R : V], z[PER_ROW ? R : V];
   if constexpr (PER_ROW) {
+    float s[R][1], r[R][1], z[R][1];
+    bool s_ok[R];
 #pragma unroll
-    for (int u = 0; u < R; ++u)
-      if (r0 + u < rows) s[u] = scale[r0 + u], z[u] = zp[r0 + u];
+    for (int u = 0; u < R; ++u) {
+      if (r0 + u < rows) {
+        s[u][0] = scale[r0 + u], z[u][0] = zp[r0 + u];
+        r[u][0] = div_rn_recip(s[u][0]);
+        s_ok[u] = div_rn_divisor_ok(s[u][0]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      if (r0 + u < rows) {
+        float xf[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
+        reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] =
+            quant_vec<T, V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax);
+      }
+    }
   } else {
     const Vec<float, V> sv = reinterpret_cast<const Vec<float, V>*>(scale)[cv];
     const Vec<float, V> zv = reinterpret_cast<const Vec<float, V>*>(zp)[cv];
+    float s[V], r[V], z[V];
+    bool s_ok = true;
 #pragma unroll
-    for (int j = 0; j < V; ++j) s[j] = sv.v[j], z[j] = zv.v[j];
-  }
+    for (int j = 0; j < V; ++j) {
+      s[j] = sv.v[j], z[j] = zv.v[j];
+      r[j] = div_rn_recip(s[j]);
+      s_ok &= div_rn_divisor_ok(s[j]);
+    }
 #pragma unroll
-  for (int u = 0; u < R; ++u) {
-    if (r0 + u < rows) {
-      Vec<int8_t, V> o;
+    for (int u = 0; u < R; ++u) {
+      if (r0 + u < rows) {
+        float xf[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float v = static_cast<float>(h[u].elem(j));
-        o.v[j] = PER_ROW ? quant_one(v, s[u], z[u], qmin, qmax) : quant_one(v, s[j], z[j], qmin, qmax);
+        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
+        reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] =
+            quant_vec<T, V, V>(xf, s, r, z, s_ok, qmin, qmax);
       }
-      reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] = o;
     }
   }
 }
