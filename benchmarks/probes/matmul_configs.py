@@ -1,0 +1,56 @@
+"""Time the CUTLASS configurations built from matmul_configs.cu (see its header) against cuBLAS's bmm and
+Inductor's bmm * scale + bias -> GELU, in one run: `python matmul_configs.py mm0.so mm1.so mm2.so`.
+act=0: the plain GEMM; act=1: scale + bias + GELU(erf). err: max abs error against a float64 reference."""
+import ctypes
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+torch.manual_seed(0)
+dev = torch.device("cuda")
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+libs = [ctypes.CDLL(p) for p in sys.argv[1:]]
+for lib in libs:
+    lib.fk_probe_name.restype = ctypes.c_char_p
+    lib.fk_probe_run.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int]
+
+
+def ref(a, b, bias, scale):
+    return F.gelu(torch.bmm(a, b) * scale + bias)
+
+
+SHAPES = [(32, 1024, 1024, 1024), (96, 512, 512, 64), (96, 512, 64, 512)]  # L, M, K, N
+for L, M, K, N in SHAPES:
+    a = torch.randn(L, M, K, device=dev, dtype=torch.half)
+    b = torch.randn(L, K, N, device=dev, dtype=torch.half)
+    bias = torch.randn(N, device=dev, dtype=torch.half)
+    scale = 0.125
+    want = ref(a.double(), b.double(), bias.double(), scale)
+    comp = torch.compile(ref)
+    comp(a, b, bias, scale)
+    rows = [("cublas bmm (plain)", do_bench(lambda: torch.bmm(a, b), return_mode="median"), None),
+            ("inductor bmm+epi", do_bench(lambda: comp(a, b, bias, scale), return_mode="median"), None)]
+    d = torch.empty(L, M, N, device=dev, dtype=torch.half)
+    stream = torch.cuda.current_stream().cuda_stream
+    for lib in libs:
+        for i in range(lib.fk_probe_count()):
+            name = lib.fk_probe_name(i).decode()
+            for act in (0, 1):
+                fn = lambda: lib.fk_probe_run(i, L, M, N, K, a.data_ptr(), b.data_ptr(), bias.data_ptr() if act else None,
+                                              d.data_ptr(), scale if act else 1.0, act, ws.data_ptr(), ws.numel(), stream, sms)
+                rc = fn()
+                if rc != 0:
+                    rows.append((f"{name} act={act}", float("nan"), f"rc {rc}"))
+                    continue
+                torch.cuda.synchronize()
+                w = want if act else torch.bmm(a.double(), b.double())
+                err = (d.double() - w).abs().max().item()
+                rows.append((f"{name} act={act}", do_bench(fn, return_mode="median"), f"err {err:.1e}"))
+    ind = rows[1][1]
+    print(f"\n[{L},{M},{K},{N}]  (Inductor bmm*s+bias->gelu {ind:.4f} ms)", flush=True)
+    for n, t, e in rows:
+        print(f"  {n:36s} {t:.4f} ms  vs-inductor {ind / t:.2f}x  {e or ''}", flush=True)
