@@ -217,3 +217,27 @@ def test_dynamic_shapes_guards_do_not_crash():
             torch.testing.assert_close(f(x, x, x), x * x + x)
     assert recs and not any(r.errors for r in recs), [str(r.errors) for r in recs]
     assert recs[-1].sites["elementwise.mul_add"] == 1
+
+
+def test_kernels_load_before_inductor_for_cuda_graphs(monkeypatch):
+    """A graph Inductor finds in its FX cache calls fusekit's ops without the pass running, so the backend
+    must load the CUDA kernels itself before compile_fx (regression: a warm cache in a new process raised
+    "Could not run 'fusekit::matmul_epilogue' with arguments from the 'CUDA' backend" on an H200). Checked
+    here with fake CUDA inputs and compile_fx stubbed out: the load happens first, and only for CUDA inputs."""
+    from torch._inductor import compile_fx as cfx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusion_backend import _ext
+    from fusion_backend.backend import fusekit
+
+    events = []
+    monkeypatch.setattr(_ext, "load_for_device", lambda: events.append("load"))
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, inputs, config_patches=None: events.append("compile") or gm)
+    gm = torch.fx.symbolic_trace(f_exp)
+    with FakeTensorMode():
+        cuda_inputs = [torch.empty(4, device="cuda"), torch.empty(4, device="cuda")]
+    fusekit(gm, cuda_inputs)
+    assert events == ["load", "compile"], events
+    events.clear()
+    fusekit(gm, [torch.randn(4), torch.randn(4)])
+    assert events == ["compile"], events
