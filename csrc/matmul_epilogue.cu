@@ -25,21 +25,14 @@
 #define NDEBUG 1
 #endif
 #include <cassert>
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/operations.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
+
+#include "matmul_gemm.cuh"  // RuntimeAct, GemmConfig
 
 namespace fusekit {
 namespace {
 
 using namespace cute;
-
-enum Act : int { kNone = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3, kSilu = 4 };
 
 Act parse_act(const std::string& act) {
   if (act == "none") return kNone;
@@ -50,82 +43,17 @@ Act parse_act(const std::string& act) {
   TORCH_CHECK(false, "fusekit: act must be one of none, gelu, gelu_tanh, relu, silu; got '", act, "'");
 }
 
-// Epilogue activations: fusekit.h's SFU forms (fast_gelu_erf, ...). The GEMM epilogue is instruction-
-// bound when the GEMM is short (K = 64: 25M outputs per 0.02 ms of MMA; benchmarks/NOTES.md).
-// The activation is a runtime argument (a uniform branch per fragment): one kernel serves all five,
-// instead of five times the instantiations and compile time.
-template <class T>
-struct RuntimeAct {
-  struct Arguments {
-    int act = kNone;
-  };
-  CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
-#ifdef __CUDA_ARCH__
-    switch (args.act) {
-      case kGelu: return fast_gelu_erf(x);
-      case kGeluTanh: return fast_gelu_tanh(x);
-      case kRelu: return relu(x);
-      case kSilu: return fast_silu(x);
-      default: return x;
-    }
-#else
-    return x;
-#endif
-  }
-};
-
-template <class T, int N>
-struct RuntimeAct<cutlass::Array<T, N>> {
-  using Arguments = typename RuntimeAct<T>::Arguments;
-  // one branch per fragment, outside the element loop
-  template <class F>
-  CUTLASS_DEVICE static cutlass::Array<T, N> map(cutlass::Array<T, N> const& v, F f) {
-    cutlass::Array<T, N> out;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) out[i] = f(v[i]);
-    return out;
-  }
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
-#ifdef __CUDA_ARCH__
-    switch (args.act) {
-      case kGelu: return map(v, [](T x) { return fast_gelu_erf(x); });
-      case kGeluTanh: return map(v, [](T x) { return fast_gelu_tanh(x); });
-      case kRelu: return map(v, [](T x) { return relu(x); });
-      case kSilu: return map(v, [](T x) { return fast_silu(x); });
-      default: return v;
-    }
-#else
-    return v;
-#endif
-  }
-};
-
-// One GEMM configuration: element type, B's layout (RowMajor: b is [K, N] with unit N stride;
-// ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight), CTA tile and schedule.
 // Cooperative: both consumer warpgroups share a tile, so the epilogue runs at full width (short K, where
 // the epilogue is most of the work). Ping-pong: the warpgroups alternate tiles, so one's epilogue hides
 // under the other's MMAs (long K). EpiTile: the sub-tile the epilogue converts and stores per step; wider
 // than CUTLASS's automatic choice, fewer steps (measured on an H200, see benchmarks/NOTES.md).
 template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile>
-struct Gemm {
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutC = cutlass::layout::RowMajor;
-  static constexpr int kAlign = 8;  // 16 bytes
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, Element, float, Element, Element,
-                                                                     float>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, Element, LayoutC,
-      kAlign, Element, LayoutC, kAlign, std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
-                                 cutlass::epilogue::TmaWarpSpecializedCooperative>, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
-      Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
+using Gemm = GemmConfig<Element, LayoutB, Tile, Cluster,
+                        std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                           cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
+                        std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                           cutlass::epilogue::TmaWarpSpecializedCooperative>,
+                        EpiTile>;
 
 struct Problem {
   int64_t L, M, N, K;

@@ -72,6 +72,18 @@ __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __rest
 #pragma unroll
   for (int u = 0; u < R; ++u)
     if (r0 + u < rows) h[u].load(x, (r0 + u) * vcols + cv);
+  // each row's vector through quant(u, xf), stored
+  auto store_rows = [&](auto&& quant) {
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      if (r0 + u < rows) {
+        float xf[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
+        reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] = quant(u, xf);
+      }
+    }
+  };
   if constexpr (PER_ROW) {
     float s[R][1], r[R][1], z[R][1];
     bool s_ok[R];
@@ -83,16 +95,9 @@ __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __rest
         s_ok[u] = div_rn_divisor_ok(s[u][0]);
       }
     }
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      if (r0 + u < rows) {
-        float xf[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
-        reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] =
-            quant_vec<T, V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax);
-      }
-    }
+    store_rows([&](int u, const float (&xf)[V]) {
+      return quant_vec<T, V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax);
+    });
   } else {
     const Vec<float, V> sv = reinterpret_cast<const Vec<float, V>*>(scale)[cv];
     const Vec<float, V> zv = reinterpret_cast<const Vec<float, V>*>(zp)[cv];
@@ -104,16 +109,7 @@ __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __rest
       r[j] = div_rn_recip(s[j]);
       s_ok &= div_rn_divisor_ok(s[j]);
     }
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      if (r0 + u < rows) {
-        float xf[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
-        reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] =
-            quant_vec<T, V, V>(xf, s, r, z, s_ok, qmin, qmax);
-      }
-    }
+    store_rows([&](int, const float (&xf)[V]) { return quant_vec<T, V, V>(xf, s, r, z, s_ok, qmin, qmax); });
   }
 }
 

@@ -1,0 +1,97 @@
+// The CUTLASS 3 (sm90) pieces of fusekit::matmul_epilogue that need no torch: the runtime activation
+// functor and the GEMM configuration template. Shared with the torch-free configuration probe
+// (benchmarks/probes/matmul_configs.cu). Include after the CUTLASS headers (matmul_epilogue.cu sets NDEBUG
+// for them).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include <type_traits>
+
+#include "fast_math.cuh"
+
+namespace fusekit {
+
+enum Act : int { kNone = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3, kSilu = 4 };
+
+// Epilogue activations: fast_math.cuh's SFU forms (fast_gelu_erf, ...). The GEMM epilogue is instruction-
+// bound when the GEMM is short (K = 64: 25M outputs per 0.02 ms of MMA; benchmarks/NOTES.md).
+// The activation is a runtime argument (a uniform branch per fragment): one kernel serves all five,
+// instead of five times the instantiations and compile time.
+template <class T>
+struct RuntimeAct {
+  struct Arguments {
+    int act = kNone;
+  };
+  CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& args) const {
+#ifdef __CUDA_ARCH__
+    switch (args.act) {
+      case kGelu: return fast_gelu_erf(x);
+      case kGeluTanh: return fast_gelu_tanh(x);
+      case kRelu: return relu(x);
+      case kSilu: return fast_silu(x);
+      default: return x;
+    }
+#else
+    return x;
+#endif
+  }
+};
+
+template <class T, int N>
+struct RuntimeAct<cutlass::Array<T, N>> {
+  using Arguments = typename RuntimeAct<T>::Arguments;
+  // one branch per fragment, outside the element loop
+  template <class F>
+  CUTLASS_DEVICE static cutlass::Array<T, N> map(cutlass::Array<T, N> const& v, F f) {
+    cutlass::Array<T, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = f(v[i]);
+    return out;
+  }
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
+#ifdef __CUDA_ARCH__
+    switch (args.act) {
+      case kGelu: return map(v, [](T x) { return fast_gelu_erf(x); });
+      case kGeluTanh: return map(v, [](T x) { return fast_gelu_tanh(x); });
+      case kRelu: return map(v, [](T x) { return relu(x); });
+      case kSilu: return map(v, [](T x) { return fast_silu(x); });
+      default: return v;
+    }
+#else
+    return v;
+#endif
+  }
+};
+
+// One GEMM configuration: element type, B's layout (RowMajor: b is [K, N] with unit N stride;
+// ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight), CTA tile, cluster, mainloop and
+// epilogue schedules, and the epilogue's sub-tile (EpilogueTileAuto: CUTLASS's choice). fp32 accumulation;
+// the epilogue is act(alpha acc + beta C + per-column bias), 16-byte aligned operands.
+template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
+struct GemmConfig {
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutC = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 8;  // 16 bytes
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, Element, float, Element, Element,
+                                                                     float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, Element, LayoutC,
+      kAlign, Element, LayoutC, kAlign, EpiSchedule, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
+      Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      MainSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+}  // namespace fusekit
