@@ -52,8 +52,9 @@ __device__ __forceinline__ void absmax_update(const Vec<c10::BFloat16, V>& v, fl
   if constexpr (V % 2 == 0) absmax_packed<__nv_bfloat162>(v, amax, has_nan);
   else absmax_update<c10::BFloat16, V>(v, amax, has_nan);
 }
-// What a thread holds (fusekit.h's Held): bf16 as 32-bit words, so each load is not unpacked (PRMT) before
-// the next one is issued (dyn_quant bf16 ran at 80-87% of copy with 16-bit elements; benchmarks/NOTES.md).
+// What a thread holds (fusekit.h's Held): bf16 as 32-bit words, as in the elementwise engine, where holding
+// 16-bit elements made each load wait to be unpacked (PRMT). Here it measured within noise (dyn_quant_i8
+// bf16: 87 / 86% -> 89 / 86% of copy at 20M / 50M; benchmarks/NOTES.md).
 template <typename T, int V>
 __device__ __forceinline__ void absmax_update(const Held<T, V>& h, float& amax, bool& has_nan) {
   absmax_update(h.x, amax, has_nan);
