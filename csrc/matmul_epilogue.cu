@@ -25,9 +25,8 @@
 #define NDEBUG 1
 #endif
 #include <cassert>
-#include <cutlass/kernel_hardware_info.h>
 
-#include "matmul_gemm.cuh"  // RuntimeAct, GemmConfig
+#include "matmul_gemm.cuh"  // RuntimeAct, GemmConfig, GemmProblem, gemm_arguments
 
 namespace fusekit {
 namespace {
@@ -55,33 +54,9 @@ using Gemm = GemmConfig<Element, LayoutB, Tile, Cluster,
                                            cutlass::epilogue::TmaWarpSpecializedCooperative>,
                         EpiTile>;
 
-struct Problem {
-  int64_t L, M, N, K;
-  const void *a, *b, *bias, *c;
-  void* d;
-  int64_t lda, sa, ldb, sb, ldc, sc;  // leading and batch strides, in elements
-  bool b_kmajor;
-  float alpha;
-  const float* alpha_ptr;
-  float beta;
-  int act;
-};
-
 template <class G>
-void run(const Problem& p, const at::Tensor& like) {
+void run(const GemmProblem& p, const at::Tensor& like) {
   using Device = typename G::Device;
-  using Element = typename G::Kernel::ElementA;
-  using StrideA = typename G::Kernel::StrideA;
-  using StrideB = typename G::Kernel::StrideB;
-  using StrideC = typename G::Kernel::StrideC;
-  using StrideD = typename G::Kernel::StrideD;
-  StrideA sA = make_stride(p.lda, Int<1>{}, p.sa);
-  StrideB sB;
-  if constexpr (std::is_same_v<StrideB, Stride<int64_t, Int<1>, int64_t>>) sB = make_stride(p.ldb, Int<1>{}, p.sb);
-  else sB = make_stride(Int<1>{}, p.ldb, p.sb);
-  StrideC sC = make_stride(p.ldc, Int<1>{}, p.sc);
-  StrideD sD = make_stride(p.N, Int<1>{}, p.M * p.N);
-
   cutlass::KernelHardwareInfo hw;
   hw.device_id = like.device().index();
   static int sms[64] = {0};
@@ -89,18 +64,7 @@ void run(const Problem& p, const at::Tensor& like) {
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms[hw.device_id], cudaDevAttrMultiProcessorCount, hw.device_id));
   hw.sm_count = sms[hw.device_id];
 
-  typename Device::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {int(p.M), int(p.N), int(p.K), int(p.L)},
-      {static_cast<const Element*>(p.a), sA, static_cast<const Element*>(p.b), sB},
-      {{}, static_cast<const Element*>(p.c), sC, static_cast<Element*>(p.d), sD},
-      hw};
-  auto& f = args.epilogue.thread;
-  f.alpha = p.alpha;
-  f.alpha_ptr = p.alpha_ptr;
-  f.beta = p.beta;
-  f.bias_ptr = static_cast<const Element*>(p.bias);
-  f.activation.act = p.act;
+  const typename Device::Arguments args = gemm_arguments<G>(p, hw);
 
   Device gemm;
   TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess,
@@ -128,7 +92,7 @@ using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 // (benchmarks/NOTES.md): at K = 64 the 128x64 steps took 0.0451 ms instead of 0.0491 (bmm + bias + GELU,
 // [96,512,64,512]); at 1024^3 the 64x64 steps 0.1449 instead of 0.1484.
 template <class Element, class LayoutB>
-void dispatch(const Problem& p, const at::Tensor& like) {
+void dispatch(const GemmProblem& p, const at::Tensor& like) {
   const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
   if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto>>(p, like);
   else if (p.K >= (light_epilogue ? 512 : 1024))
@@ -190,7 +154,7 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   TORCH_CHECK(K % 8 == 0 && N % 8 == 0 && K > 0, "fusekit: matmul_epilogue: K and N must be positive multiples "
               "of 8 (16-byte rows); got K=" + std::to_string(K) + ", N=" + std::to_string(N));
 
-  Problem p{};
+  GemmProblem p{};
   p.L = L, p.M = M, p.N = N, p.K = K;
   bool a_row = false;
   TORCH_CHECK(layout_of(a, a_row, p.lda, p.sa) && a_row && ok_stride(p.lda) && ok_stride(p.sa) &&

@@ -11,6 +11,7 @@
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/kernel_hardware_info.h>
 
 #include <type_traits>
 
@@ -93,5 +94,45 @@ struct GemmConfig {
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
+
+// One (batched) GEMM + epilogue call: D = act(alpha A B + beta C + bias), L batches of [M, K] x [K, N].
+struct GemmProblem {
+  int64_t L, M, N, K;
+  const void *a, *b, *bias, *c;
+  void* d;                            // written contiguous [L, M, N]
+  int64_t lda, sa, ldb, sb, ldc, sc;  // leading and batch strides, in elements
+  bool b_kmajor;                      // b has a unit K stride (picks G's LayoutB)
+  float alpha;
+  const float* alpha_ptr;             // a device alpha, read by the kernel; null: alpha
+  float beta;                         // 0: C is never read
+  int act;                            // Act
+};
+
+// G's arguments for p (the strides in CuTe's (M|N, K, L) order).
+template <class G>
+typename G::Device::Arguments gemm_arguments(const GemmProblem& p, const cutlass::KernelHardwareInfo& hw) {
+  using namespace cute;
+  using Element = typename G::Kernel::ElementA;
+  using StrideB = typename G::Kernel::StrideB;
+  const auto sA = make_stride(p.lda, Int<1>{}, p.sa);
+  StrideB sB;
+  if constexpr (std::is_same_v<StrideB, Stride<int64_t, Int<1>, int64_t>>) sB = make_stride(p.ldb, Int<1>{}, p.sb);
+  else sB = make_stride(Int<1>{}, p.ldb, p.sb);
+  const typename G::Kernel::StrideC sC = make_stride(p.ldc, Int<1>{}, p.sc);
+  const typename G::Kernel::StrideD sD = make_stride(p.N, Int<1>{}, p.M * p.N);
+  typename G::Device::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {int(p.M), int(p.N), int(p.K), int(p.L)},
+      {static_cast<const Element*>(p.a), sA, static_cast<const Element*>(p.b), sB},
+      {{}, static_cast<const Element*>(p.c), sC, static_cast<Element*>(p.d), sD},
+      hw};
+  auto& f = args.epilogue.thread;
+  f.alpha = p.alpha;
+  f.alpha_ptr = p.alpha_ptr;
+  f.beta = p.beta;
+  f.bias_ptr = static_cast<const Element*>(p.bias);
+  f.activation.act = p.act;
+  return args;
+}
 
 }  // namespace fusekit

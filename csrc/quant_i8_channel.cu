@@ -12,9 +12,9 @@
 namespace fusekit {
 namespace {
 
-// q = x / s (rounded as eager's true division) -> + z -> round half to even -> clamp -> int8, with the
-// rounding by fusekit.h's round_to_i8 (FRND + F2I per element, both on the conversion pipe, held the
-// 16-bit kernels at ~70% of copy).
+// q = x / s (rounded as eager's true division) -> + z -> round half to even -> clamp -> int8. The rounding
+// is fusekit.h's round_to_i8: rintf and a float -> int cast (FRND + F2I per element, both on the conversion
+// pipe) held the 16-bit kernels at ~70% of copy.
 __device__ __forceinline__ int8_t quant_of(float q, float z, float qmin, float qmax) {
   return round_to_i8(__fadd_rn(q, z), qmin, qmax);
 }
@@ -22,7 +22,7 @@ __device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmi
   return quant_of(__fdiv_rn(v, s), z, qmin, qmax);
 }
 
-// One vector of V inputs (already float) against V (per column) or 1 (per row, sj = 0) scales: the divisor
+// One vector of V inputs (already float) against NS = V (per column) or NS = 1 (per row) scales: the divisor
 // work once per scale (div_rn_recip), __fdiv_rn for the whole vector when a value is out of its fast range.
 // A half input is in range when finite (nonzero |x| >= 2^-24); inf and NaN take __fdiv_rn.
 template <typename T, int V, int NS>

@@ -7,9 +7,8 @@
 // The epilogue is the kernel's (csrc/matmul_gemm.cuh: LinCombPerColBiasEltAct, runtime activation, SFU forms).
 #define NDEBUG 1
 #include <cassert>
-#include <cutlass/kernel_hardware_info.h>
 
-#include "matmul_gemm.cuh"  // csrc/: the kernel's RuntimeAct (SFU GELU/SiLU) and GemmConfig
+#include "matmul_gemm.cuh"  // csrc/: the kernel's RuntimeAct (SFU GELU/SiLU), GemmConfig, gemm_arguments
 
 using namespace cute;
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched,
@@ -29,28 +28,15 @@ template <class G>
 int run(int L, int M, int N, int K, const void* a, const void* b, const void* bias, void* d, float alpha, int act,
         void* ws, size_t ws_bytes, void* stream, int sm_count) {
   using Device = typename G::Device;
-  using Element = typename G::Kernel::ElementA;
-  using StrideA = typename G::Kernel::StrideA;
-  using StrideB = typename G::Kernel::StrideB;
-  using StrideC = typename G::Kernel::StrideC;
-  using StrideD = typename G::Kernel::StrideD;
-  StrideA sA = make_stride(int64_t(K), Int<1>{}, int64_t(M) * K);
-  StrideB sB = make_stride(Int<1>{}, int64_t(N), int64_t(K) * N);  // RowMajor b [K, N]: (N, K, L) unit N
-  StrideC sC = make_stride(int64_t(N), Int<1>{}, int64_t(M) * N);
-  StrideD sD = make_stride(int64_t(N), Int<1>{}, int64_t(M) * N);
+  fusekit::GemmProblem p{};  // contiguous a [L, M, K], b [L, K, N]; d [L, M, N] doubles as the unread C
+  p.L = L, p.M = M, p.N = N, p.K = K;
+  p.a = a, p.b = b, p.bias = bias, p.c = d, p.d = d;
+  p.lda = K, p.sa = int64_t(M) * K, p.ldb = N, p.sb = int64_t(K) * N, p.ldc = N, p.sc = int64_t(M) * N;
+  p.alpha = alpha, p.beta = 0.f, p.act = act;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = 0;
   hw.sm_count = sm_count;
-  typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                  {M, N, K, L},
-                                  {static_cast<const Element*>(a), sA, static_cast<const Element*>(b), sB},
-                                  {{}, static_cast<const Element*>(d), sC, static_cast<Element*>(d), sD},
-                                  hw};
-  auto& f = args.epilogue.thread;
-  f.alpha = alpha;
-  f.beta = 0.f;
-  f.bias_ptr = static_cast<const Element*>(bias);
-  f.activation.act = act;
+  const typename Device::Arguments args = fusekit::gemm_arguments<G>(p, hw);
   Device gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return -1;
   if (Device::get_workspace_size(args) > ws_bytes) return -2;
