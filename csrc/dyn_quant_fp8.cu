@@ -20,26 +20,24 @@ struct ToE4M3 {
     if (!isnan(t)) t = fminf(fmaxf(t, -448.0f), 448.0f);
     return to_e4m3(t);
   }
-  // Two elements per conversion (cvt.rn.satfinite.e4m3x2.f32); saturating to +-448 is the pattern's clamp.
+  __device__ static uint8_t one(float t) { return to_e4m3(t); }
+  // Two elements per conversion (cvt.rn.satfinite.e4m3x2.f32; saturating to +-448 is the pattern's clamp),
+  // two pairs to a word; one comparison per word.
   template <int V>
-  __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, Vec<uint8_t, V>& o) {
+  __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, uint32_t (&w)[V / 4]) {
     bool same = true;
-    if constexpr (V % 2 == 0) {
-      uint16_t p[V / 2];
 #pragma unroll
-      for (int j = 0; j < V; j += 2) {
-        const auto hi = __nv_cvt_float2_to_fp8x2(make_float2(x[j] * rhi, x[j + 1] * rhi), __NV_SATFINITE, __NV_E4M3);
-        const auto lo = __nv_cvt_float2_to_fp8x2(make_float2(x[j] * rlo, x[j + 1] * rlo), __NV_SATFINITE, __NV_E4M3);
-        same &= hi == lo;
-        p[j / 2] = hi;
-      }
-      memcpy(o.v, p, sizeof(p));
-    } else {
+    for (int j = 0; j < V; j += 4) {
+      uint32_t hi = 0, lo = 0;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        o.v[j] = to_e4m3(x[j] * rhi);
-        same &= o.v[j] == to_e4m3(x[j] * rlo);
+      for (int k = 0; k < 4; k += 2) {
+        hi |= uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(x[j + k] * rhi, x[j + k + 1] * rhi), __NV_SATFINITE,
+                                                __NV_E4M3)) << (8 * k);
+        lo |= uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(x[j + k] * rlo, x[j + k + 1] * rlo), __NV_SATFINITE,
+                                                __NV_E4M3)) << (8 * k);
       }
+      same &= hi == lo;
+      w[j / 4] = hi;
     }
     return same;
   }

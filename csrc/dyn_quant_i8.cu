@@ -17,10 +17,11 @@ struct ToI8 {
   using Out = int8_t;
   static constexpr float kMax = 127.0f;
   __device__ static int8_t exact(float x, float s) { return round_to_i8(__fdiv_rn(x, s), -128.0f, 127.0f); }
+  __device__ static int8_t one(float t) { return static_cast<int8_t>(__float_as_uint(t + kRoundMagic) & 0xffu); }
   // fma(x, r, kRoundMagic) rounds x * r half to even; its low byte is the int8 (|x * r| < 128: no clamp).
-  // Bytes packed with PRMT.
+  // The whole words compare equal exactly when the int8s do. Bytes packed with PRMT.
   template <int V>
-  __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, Vec<int8_t, V>& o) {
+  __device__ static bool bracket(const float (&x)[V], float rlo, float rhi, uint32_t (&w)[V / 4]) {
     uint32_t b[V];
     bool same = true;
 #pragma unroll
@@ -28,16 +29,9 @@ struct ToI8 {
       b[j] = __float_as_uint(fmaf(x[j], rhi, kRoundMagic));
       same &= b[j] == __float_as_uint(fmaf(x[j], rlo, kRoundMagic));
     }
-    if constexpr (V % 4 == 0) {
-      uint32_t w[V / 4];
 #pragma unroll
-      for (int j = 0; j < V; j += 4)
-        w[j / 4] = __byte_perm(__byte_perm(b[j], b[j + 1], 0x0040), __byte_perm(b[j + 2], b[j + 3], 0x0040), 0x5410);
-      memcpy(o.v, w, sizeof(w));
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = static_cast<int8_t>(b[j] & 0xffu);
-    }
+    for (int j = 0; j < V; j += 4)
+      w[j / 4] = __byte_perm(__byte_perm(b[j], b[j + 1], 0x0040), __byte_perm(b[j + 2], b[j + 3], 0x0040), 0x5410);
     return same;
   }
 };

@@ -82,16 +82,15 @@ __device__ __forceinline__ void absmax_update(const Held<c10::BFloat16, V>& h, f
 
 // Q quantizes x / s into Q::Out (Q::kMax: the format's largest magnitude, 127 or 448):
 //   Q::exact(x, s)                  eager's value, with its true division;
-//   Q::bracket(x[V], rlo, rhi, o)   the V values from x * rlo and x * rhi, where rlo < 1/s < rhi; false
-//                                   when the two ends round apart for some element (then exact() decides).
+//   Q::one(t)                       the value of t = x * r for |t| <= kMax * (1 + 2^-19) (no clamp needed);
+//   Q::bracket(x[V], rlo, rhi, w)   V % 4 == 0: the V values of x * rlo and of x * rhi, packed four to a
+//                                   32-bit word w (from x * rhi); false when the two ends differ anywhere.
 // NOTE (exact and fast): x / s lies between x * rlo and x * rhi (rlo, rhi = 1/s -+ 2^-20 relative, wider
 // than every rounding error in play), and rounding is monotone, so where both ends give one value, eager's
 // rounded x / s gives it too. That costs two FMAs per element instead of a division: the fp16 kernel was
 // issue-bound (0.072 -> 0.054 ms at [16384, 4096] in a standalone probe on an H200, copy floor 0.049 ms).
-template <typename T, typename Q, int V>
-__device__ __forceinline__ void quantize_vec(const Held<T, V>& v, typename Q::Out* dst, bool fast, float s,
-                                             float rlo, float rhi) {
-  float xf[V];
+template <typename T, int V>
+__device__ __forceinline__ void to_floats(const Held<T, V>& v, float (&xf)[V]) {
   if constexpr (V % 2 == 0) {
 #pragma unroll
     for (int j = 0; j < V; j += 2) {
@@ -102,12 +101,46 @@ __device__ __forceinline__ void quantize_vec(const Held<T, V>& v, typename Q::Ou
 #pragma unroll
     for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(v.elem(j));
   }
+}
+
+// The rare vector whose bracket does not decide, and rows with a NaN/inf/subnormal scale: eager's division
+// per element. Out of line: joined with the fast path, the fast path's packed words were taken apart into
+// bytes to meet these byte stores (~10 extra integer ops and a local-memory spill per vector in the SASS).
+template <typename Q, int V>
+__device__ __noinline__ void quantize_exact(Vec<float, V> xf, typename Q::Out* dst, float s) {
   Vec<typename Q::Out, V> o;
-  if (!fast || !Q::bracket(xf, rlo, rhi, o)) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) o.v[j] = Q::exact(xf[j], s);
-  }
+  for (int j = 0; j < V; ++j) o.v[j] = Q::exact(xf.v[j], s);
   *reinterpret_cast<Vec<typename Q::Out, V>*>(dst) = o;
+}
+
+template <typename T, typename Q, int V>
+__device__ __forceinline__ void quantize_vec(const Held<T, V>& v, typename Q::Out* dst, bool fast, float s,
+                                             float rlo, float rhi) {
+  Vec<float, V> xf;
+  to_floats(v, xf.v);
+  if (fast) {
+    if constexpr (V % 4 == 0) {
+      Vec<uint32_t, V / 4> w;
+      if (Q::bracket(xf.v, rlo, rhi, w.v)) {
+        *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = w;
+        return;
+      }
+    } else {  // V = 1, 2 (odd rows, unaligned x, fp64)
+      Vec<typename Q::Out, V> o;
+      bool same = true;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        o.v[j] = Q::one(xf.v[j] * rhi);
+        same &= o.v[j] == Q::one(xf.v[j] * rlo);
+      }
+      if (same) {
+        *reinterpret_cast<Vec<typename Q::Out, V>*>(dst) = o;
+        return;
+      }
+    }
+  }
+  quantize_exact<Q, V>(xf, dst, s);
 }
 
 // Block per row: any row length. The first kRowVecs vectors per thread stay in registers between the
