@@ -15,40 +15,62 @@ namespace {
 // q = x / s (rounded as eager's true division) -> + z -> round half to even -> clamp -> int8. The rounding
 // is fusekit.h's round_to_i8: rintf and a float -> int cast (FRND + F2I per element, both on the conversion
 // pipe) held the 16-bit kernels at ~70% of copy.
-__device__ __forceinline__ int8_t quant_of(float q, float z, float qmin, float qmax) {
-  return round_to_i8(__fadd_rn(q, z), qmin, qmax);
-}
 __device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmin, float qmax) {
-  return quant_of(__fdiv_rn(v, s), z, qmin, qmax);
+  return round_to_i8(__fadd_rn(__fdiv_rn(v, s), z), qmin, qmax);
 }
 
-// One vector of V inputs (already float) against NS = V (per column) or NS = 1 (per row) scales: the divisor
-// work once per scale (div_rn_recip), __fdiv_rn for the whole vector when a value is out of its fast range.
-// A half input is in range when finite (nonzero |x| >= 2^-24); inf and NaN take __fdiv_rn.
-template <typename T, int V, int NS>
-__device__ __forceinline__ Vec<int8_t, V> quant_vec(const float (&xf)[V], const float (&s)[NS], const float (&r)[NS],
-                                                    const float (&z)[NS], bool s_ok, float qmin, float qmax) {
+// A vector whose fast path does not apply (x beyond 2^60, inf, NaN; a scale out of range; a NaN zero point):
+// eager's division per element. Out of line, as in rowquant.cuh: joined with the fast path, its packed word
+// was taken apart into bytes (an AND and a PRMT per byte) and qmin/qmax were reloaded per element.
+template <int V, int NS>
+__device__ __noinline__ void quant_vec_exact(Vec<float, V> xf, Vec<float, NS> s, Vec<float, NS> z, float qmin,
+                                             float qmax, Vec<int8_t, V>* dst) {
+  Vec<int8_t, V> o;
+#pragma unroll
+  for (int j = 0; j < V; ++j) o.v[j] = quant_one(xf.v[j], s.v[NS == 1 ? 0 : j], z.v[NS == 1 ? 0 : j], qmin, qmax);
+  *dst = o;
+}
+
+// One vector of V inputs (already float) against NS = V (per column) or NS = 1 (per row) scales, stored to
+// dst. Fast path: the divisor's work once per scale (div_rn_recip; s_ok: every |s| in [2^-60, 2^60] and no
+// zero point NaN), and every |x| <= 2^60 (false for inf and NaN). Then q is eager's correctly rounded x / s,
+// except where |x| < 2^-102 (the correction's residual is subnormal): there |q| < 2^-42 either way, and the
+// int8 is round(z) or 0 for both (q is below half an ulp of any z >= 2^-18; else |q + z| < 2^-17). So no
+// lower bound on |x| (div_rn_dividend_ok's) is needed. With x, s and z free of NaN, t = q + z is never NaN,
+// and the rounding skips round_to_i8's NaN test; an infinite t clamps as eager's does.
+template <int V, int NS>
+__device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float, NS>& s, const float (&r)[NS],
+                                          const Vec<float, NS>& z, bool s_ok, float qmin, float qmax,
+                                          Vec<int8_t, V>* dst) {
   bool ok = s_ok;
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    if constexpr (std::is_same_v<T, c10::Half>) ok &= fabsf(xf[j]) <= 0x1p60f;
-    else ok &= div_rn_dividend_ok(xf[j]);
-  }
-  Vec<int8_t, V> o;
+  for (int j = 0; j < V; ++j) ok &= fabsf(xf[j]) <= 0x1p60f;
   if (ok) {
+    uint32_t b[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int k = NS == 1 ? 0 : j;
-      o.v[j] = quant_of(div_rn_by(xf[j], s[k], r[k]), z[k], qmin, qmax);
+      const float t = __fadd_rn(div_rn_by(xf[j], s.v[k], r[k]), z.v[k]);
+      b[j] = __float_as_uint(fminf(fmaxf(t, qmin), qmax) + kRoundMagic);
     }
-  } else {
+    if constexpr (V % 4 == 0) {
+      uint32_t w[V / 4];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int k = NS == 1 ? 0 : j;
-      o.v[j] = quant_one(xf[j], s[k], z[k], qmin, qmax);
+      for (int j = 0; j < V; j += 4)
+        w[j / 4] = __byte_perm(__byte_perm(b[j], b[j + 1], 0x0040), __byte_perm(b[j + 2], b[j + 3], 0x0040), 0x5410);
+      *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = *reinterpret_cast<const Vec<uint32_t, V / 4>*>(w);
+    } else {
+      Vec<int8_t, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = static_cast<int8_t>(b[j] & 0xffu);
+      *dst = o;
     }
+    return;
   }
-  return o;
+  Vec<float, V> xv;
+#pragma unroll
+  for (int j = 0; j < V; ++j) xv.v[j] = xf[j];
+  quant_vec_exact<V, NS>(xv, s, z, qmin, qmax, dst);
 }
 
 // Vector path (cols % V == 0, aligned): a thread owns one column vector (V columns) in R consecutive rows:
@@ -72,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __rest
 #pragma unroll
   for (int u = 0; u < R; ++u)
     if (r0 + u < rows) h[u].load(x, (r0 + u) * vcols + cv);
-  // each row's vector through quant(u, xf), stored
+  // each row's vector through quant(u, xf, dst)
   auto store_rows = [&](auto&& quant) {
 #pragma unroll
     for (int u = 0; u < R; ++u) {
@@ -80,36 +102,38 @@ __global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __rest
         float xf[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
-        reinterpret_cast<Vec<int8_t, V>*>(q)[(r0 + u) * vcols + cv] = quant(u, xf);
+        quant(u, xf, reinterpret_cast<Vec<int8_t, V>*>(q) + (r0 + u) * vcols + cv);
       }
     }
   };
   if constexpr (PER_ROW) {
-    float s[R][1], r[R][1], z[R][1];
+    Vec<float, 1> s[R], z[R];
+    float r[R][1];
     bool s_ok[R];
 #pragma unroll
     for (int u = 0; u < R; ++u) {
       if (r0 + u < rows) {
-        s[u][0] = scale[r0 + u], z[u][0] = zp[r0 + u];
-        r[u][0] = div_rn_recip(s[u][0]);
-        s_ok[u] = div_rn_divisor_ok(s[u][0]);
+        s[u].v[0] = scale[r0 + u], z[u].v[0] = zp[r0 + u];
+        r[u][0] = div_rn_recip(s[u].v[0]);
+        s_ok[u] = div_rn_divisor_ok(s[u].v[0]) && !isnan(z[u].v[0]);
       }
     }
-    store_rows([&](int u, const float (&xf)[V]) {
-      return quant_vec<T, V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax);
+    store_rows([&](int u, const float (&xf)[V], Vec<int8_t, V>* dst) {
+      quant_vec<V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax, dst);
     });
   } else {
     const Vec<float, V> sv = reinterpret_cast<const Vec<float, V>*>(scale)[cv];
     const Vec<float, V> zv = reinterpret_cast<const Vec<float, V>*>(zp)[cv];
-    float s[V], r[V], z[V];
+    float r[V];
     bool s_ok = true;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      s[j] = sv.v[j], z[j] = zv.v[j];
-      r[j] = div_rn_recip(s[j]);
-      s_ok &= div_rn_divisor_ok(s[j]);
+      r[j] = div_rn_recip(sv.v[j]);
+      s_ok &= div_rn_divisor_ok(sv.v[j]) && !isnan(zv.v[j]);
     }
-    store_rows([&](int, const float (&xf)[V]) { return quant_vec<T, V, V>(xf, s, r, z, s_ok, qmin, qmax); });
+    store_rows([&](int, const float (&xf)[V], Vec<int8_t, V>* dst) {
+      quant_vec<V, V>(xf, sv, r, zv, s_ok, qmin, qmax, dst);
+    });
   }
 }
 
