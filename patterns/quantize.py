@@ -66,14 +66,14 @@ def _channel_guards(per_row: bool):
 PATTERNS = [
     Pattern(
         "quantize.dyn_quant_i8",  # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
-        cuda_default=True,  # measured: 0.58-0.85x Inductor's time at 20M/50M, every dtype (results/h200.md)
+        cuda_default=True,  # measured: 0.58-0.83x Inductor's time at 20M/50M, every dtype (results/h200.md)
         reference=dyn_quant_i8_ref, op="dyn_quant_i8", literals=("eps",),
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
     ),
     Pattern(
         "quantize.dyn_quant_fp8",  # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
-        cuda_default=True,  # measured: 0.69-0.90x Inductor's time at 20M/50M, every dtype (results/h200.md)
+        cuda_default=True,  # measured: 0.60-0.86x Inductor's time at 20M/50M, every dtype (results/h200.md)
         reference=dyn_quant_fp8_ref, op="dyn_quant_fp8", literals=("eps",),
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
@@ -88,7 +88,9 @@ PATTERNS = [
     ),
     Pattern(
         "quantize.quant_i8_per_col",  # per-channel INT8, one scale/zp per column (weights, per-channel acts)
-        cuda_default=False,  # measured: see benchmarks/results/h200.md
+        # measured: fp16/bf16 0.77-0.84x Inductor's time at 20M/50M (results/h200_quant_hbm.md, 3-round
+        # medians); fp32 at parity (results/h200.md), so opt-in there
+        cuda_default=(torch.float16, torch.bfloat16),
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=False),
         cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1,
@@ -96,7 +98,8 @@ PATTERNS = [
     ),
     Pattern(
         "quantize.quant_i8_per_row",  # per-channel INT8, one scale/zp per row
-        cuda_default=False,  # measured: see benchmarks/results/h200.md
+        # measured: fp16/bf16 0.85-0.94x Inductor's time at 20M/50M (results/h200_quant_hbm.md); fp32 at parity
+        cuda_default=(torch.float16, torch.bfloat16),
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=True),
         cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1,
