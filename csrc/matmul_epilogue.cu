@@ -46,13 +46,14 @@ Act parse_act(const std::string& act) {
 // the epilogue is most of the work). Ping-pong: the warpgroups alternate tiles, so one's epilogue hides
 // under the other's MMAs (long K). EpiTile: the sub-tile the epilogue converts and stores per step; wider
 // than CUTLASS's automatic choice, fewer steps (measured on an H200, see benchmarks/NOTES.md).
-template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile>
+// kC: the kernel reads a C operand (the residual, beta = 1); without one, C is void (see GemmConfig).
+template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile, bool kC>
 using Gemm = GemmConfig<Element, LayoutB, Tile, Cluster,
                         std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                            cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
                         std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                            cutlass::epilogue::TmaWarpSpecializedCooperative>,
-                        EpiTile>;
+                        EpiTile, std::conditional_t<kC, Element, void>>;
 
 template <class G>
 void run(const GemmProblem& p, const at::Tensor& like) {
@@ -87,17 +88,29 @@ using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
 // tiles; long K (>= 512, or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under
-// longer MMAs) ping-pong 128x128 with 64x64 epilogue steps; the rest cooperative 128x128 with 128x64 steps.
-// Thresholds and epilogue steps from bench_matmul and a probe of 14 configurations on an H200
-// (benchmarks/NOTES.md): at K = 64 the 128x64 steps took 0.0451 ms instead of 0.0491 (bmm + bias + GELU,
-// [96,512,64,512]); at 1024^3 the 64x64 steps 0.1449 instead of 0.1484.
+// longer MMAs) ping-pong 128x128; the rest cooperative 128x128 with 128x64 epilogue steps. Without a
+// residual the kernels have no C operand (void C: CUTLASS delays each TMA store to overlap the next step's
+// math, and frees the C buffers); ping-pong then takes 64x128 epilogue steps for GELU/SiLU, 64x64 otherwise.
+// From bench_matmul and two probes of CUTLASS configurations on an H200 (benchmarks/NOTES.md), e.g. bmm +
+// bias + GELU at 1024^3: 0.1405 ms with C and 64x64 steps, 0.1380 void C, 0.1346 void C with 64x128 steps;
+// the plain GEMM at K = 64, N = 512: 0.0298 -> 0.0260 ms (cuBLAS 0.0226).
+template <class Element, class LayoutB, bool kC>
+void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
+  const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
+  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto, kC>>(p, like);
+  else if (p.K >= (light_epilogue ? 512 : 1024)) {
+    if constexpr (!kC) {
+      if (!light_epilogue) return run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _128>, kC>>(p, like);
+    }
+    run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _64>, kC>>(p, like);
+  } else {
+    run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false, Shape<_128, _64>, kC>>(p, like);
+  }
+}
 template <class Element, class LayoutB>
 void dispatch(const GemmProblem& p, const at::Tensor& like) {
-  const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
-  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto>>(p, like);
-  else if (p.K >= (light_epilogue ? 512 : 1024))
-    run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _64>>>(p, like);
-  else run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false, Shape<_128, _64>>>(p, like);
+  if (p.beta != 0.f) dispatch_c<Element, LayoutB, true>(p, like);
+  else dispatch_c<Element, LayoutB, false>(p, like);
 }
 
 bool ok_stride(int64_t s) { return s % 8 == 0 && s > 0; }

@@ -75,8 +75,10 @@ struct RuntimeAct<cutlass::Array<T, N>> {
 // ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight), CTA tile, cluster, mainloop and
 // epilogue schedules, and the epilogue's sub-tile (EpilogueTileAuto: CUTLASS's choice). fp32 accumulation;
 // the epilogue is act(alpha acc + beta C + per-column bias), 16-byte aligned operands.
+// ElementC = void: no C operand (beta must be 0): no C buffers in shared memory, and CUTLASS then delays each
+// TMA store to overlap it with the next sub-tile's math (DelayTmaStore).
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
-          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element>
 struct GemmConfig {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
@@ -84,7 +86,7 @@ struct GemmConfig {
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, Element, float, Element, Element,
                                                                      float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, Element, LayoutC,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, ElementC, LayoutC,
       kAlign, Element, LayoutC, kAlign, EpiSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
@@ -124,7 +126,7 @@ typename G::Device::Arguments gemm_arguments(const GemmProblem& p, const cutlass
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(p.M), int(p.N), int(p.K), int(p.L)},
       {static_cast<const Element*>(p.a), sA, static_cast<const Element*>(p.b), sB},
-      {{}, static_cast<const Element*>(p.c), sC, static_cast<Element*>(p.d), sD},
+      {{}, static_cast<typename G::Kernel::ElementC const*>(p.c), sC, static_cast<Element*>(p.d), sD},
       hw};
   auto& f = args.epilogue.thread;
   f.alpha = p.alpha;
