@@ -216,16 +216,21 @@ def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | Non
                  check)
 
 
-def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024) -> Guard:
+def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024,
+                            top: int = 4096) -> Guard:
     """Measured selection for GELU(erf)/SiLU epilogues (benchmarks/results/h200_matmul.md): with
     low < K < high and N > 64 the epilogue's transcendental math neither hides under the GEMM (cooperative
-    schedule) nor costs less than Inductor's separate pointwise kernel: 0.96-0.98x at K = 768. Short K
-    (1.06-1.49x), N <= 64 (1.21-1.25x) and K >= 1024 (ping-pong, 1.01-1.08x) fire."""
+    schedule) nor costs less than Inductor's separate pointwise kernel: 0.96-0.98x at K = 768. From K = top
+    on, the GEMM's main loop trails cuBLAS's by about what the fused epilogue saves: 8x4096^3 measured
+    0.94-0.97x in one run, 1.02-1.04x in another. Short K (1.2-1.8x), N <= 64 (1.18-1.25x) and
+    high <= K < top (ping-pong; 1.09-1.34x at K = 1024-2048) fire."""
     def check(s: Site) -> str | None:
         tb = s.tensor(b)
         k, n = (tb.shape[-1], tb.shape[-2]) if linear else (tb.shape[-2], tb.shape[-1])
         if isinstance(k, int) and isinstance(n, int) and low < k < high and n > 64:
             return f"K={k} in ({low}, {high}) with N={n} > 64: this epilogue measured slower than Inductor there"
+        if isinstance(k, int) and isinstance(n, int) and k >= top and n > 64:
+            return f"K={k} >= {top} with N={n} > 64: this epilogue measured slower than Inductor there"
         return None
 
     return Guard(f"matmul_heavy_epilogue_k({b})", check)
