@@ -17,7 +17,7 @@ struct ToI8 {
   using Out = int8_t;
   static constexpr float kMax = 127.0f;
   __device__ static int8_t exact(float x, float s) { return round_to_i8(__fdiv_rn(x, s), -128.0f, 127.0f); }
-  __device__ static int8_t one(float t) { return static_cast<int8_t>(__float_as_uint(t + kRoundMagic) & 0xffu); }
+  __device__ static int8_t one(float t) { return static_cast<int8_t>(round_bits(t) & 0xffu); }
   // fma(x, r, kRoundMagic) rounds x * r half to even; its low byte is the int8 (|x * r| < 128: no clamp).
   // The whole words compare equal exactly when the int8s do. Bytes packed with PRMT.
   template <int V>
@@ -30,8 +30,7 @@ struct ToI8 {
       same &= b[j] == __float_as_uint(fmaf(x[j], rlo, kRoundMagic));
     }
 #pragma unroll
-    for (int j = 0; j < V; j += 4)
-      w[j / 4] = __byte_perm(__byte_perm(b[j], b[j + 1], 0x0040), __byte_perm(b[j + 2], b[j + 3], 0x0040), 0x5410);
+    for (int j = 0; j < V; j += 4) w[j / 4] = pack_low_bytes(b[j], b[j + 1], b[j + 2], b[j + 3]);
     return same;
   }
 };

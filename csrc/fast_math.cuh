@@ -48,8 +48,8 @@ __device__ __forceinline__ float relu(float x) { return isnan(x) ? x : fmaxf(x, 
 // per-element part (a product and one correcting FMA), the same instructions __fdiv_rn runs when its
 // range check (FCHK) passes. __fdiv_rn repeats the reciprocal and the check per element; a kernel dividing
 // many elements by one scale was instruction-bound on it (per-channel INT8, benchmarks/NOTES.md).
-// Valid where every intermediate is a normal float (div_rn_divisor_ok(s) and div_rn_dividend_ok(x));
-// elsewhere use __fdiv_rn.
+// Valid where every intermediate is a normal float: div_rn_divisor_ok(s) and |x| in [2^-60, 2^60] or 0
+// (quant_i8_channel.cu's quant_vec says when an int8 result needs only |x| <= 2^60); elsewhere __fdiv_rn.
 __device__ __forceinline__ float div_rn_recip(float s) {
   const float r = rcp_approx(s);
   return fmaf(r, fmaf(-s, r, 1.0f), r);
@@ -61,10 +61,6 @@ __device__ __forceinline__ float div_rn_by(float x, float s, float recip) {
 __device__ __forceinline__ bool div_rn_divisor_ok(float s) {  // |s| in [2^-60, 2^60]
   const float a = fabsf(s);
   return a >= 0x1p-60f && a <= 0x1p60f;
-}
-__device__ __forceinline__ bool div_rn_dividend_ok(float x) {  // 0, or |x| in [2^-60, 2^60] (NaN: false)
-  const float a = fabsf(x);
-  return a == 0.0f || (a >= 0x1p-60f && a <= 0x1p60f);
 }
 
 }  // namespace fusekit

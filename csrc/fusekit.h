@@ -294,13 +294,17 @@ void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int
 // 1.5 * 2^23: for |t| < 2^22, t + kRoundMagic (or fma(x, r, kRoundMagic)) rounds t half to even into the
 // low mantissa bits, whose low byte is then the int8: no F2I or FRND, both on the conversion pipe.
 constexpr float kRoundMagic = 12582912.0f;
+__device__ __forceinline__ uint32_t round_bits(float t) { return __float_as_uint(t + kRoundMagic); }
+// Four int8s from the low bytes of four round_bits words, byte k from b_k (PRMT).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+}
 
 // torch.round then clamp to [qmin, qmax] (integers, so the two commute) then .to(int8), for |t| finite or
 // not. NaN -> 0, as eager's float -> int8 conversion on CUDA.
 __device__ __forceinline__ int8_t round_to_i8(float t, float qmin, float qmax) {
   if (isnan(t)) return 0;
-  t = fminf(fmaxf(t, qmin), qmax);
-  return static_cast<int8_t>(__float_as_uint(t + kRoundMagic) & 0xffu);
+  return static_cast<int8_t>(round_bits(fminf(fmaxf(t, qmin), qmax)) & 0xffu);
 }
 
 // Float math shared by the activation kernels (eager's formulas, evaluated in float32).

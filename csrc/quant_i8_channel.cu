@@ -36,7 +36,7 @@ __device__ __noinline__ void quant_vec_exact(Vec<float, V> xf, Vec<float, NS> s,
 // zero point NaN), and every |x| <= 2^60 (false for inf and NaN). Then q is eager's correctly rounded x / s,
 // except where |x| < 2^-102 (the correction's residual is subnormal): there |q| < 2^-42 either way, and the
 // int8 is round(z) or 0 for both (q is below half an ulp of any z >= 2^-18; else |q + z| < 2^-17). So no
-// lower bound on |x| (div_rn_dividend_ok's) is needed. With x, s and z free of NaN, t = q + z is never NaN,
+// lower bound on |x| is needed. With x, s and z free of NaN, t = q + z is never NaN,
 // and the rounding skips round_to_i8's NaN test; an infinite t clamps as eager's does.
 template <int V, int NS>
 __device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float, NS>& s, const float (&r)[NS],
@@ -51,13 +51,12 @@ __device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float,
     for (int j = 0; j < V; ++j) {
       const int k = NS == 1 ? 0 : j;
       const float t = __fadd_rn(div_rn_by(xf[j], s.v[k], r[k]), z.v[k]);
-      b[j] = __float_as_uint(fminf(fmaxf(t, qmin), qmax) + kRoundMagic);
+      b[j] = round_bits(fminf(fmaxf(t, qmin), qmax));
     }
     if constexpr (V % 4 == 0) {
       uint32_t w[V / 4];
 #pragma unroll
-      for (int j = 0; j < V; j += 4)
-        w[j / 4] = __byte_perm(__byte_perm(b[j], b[j + 1], 0x0040), __byte_perm(b[j + 2], b[j + 3], 0x0040), 0x5410);
+      for (int j = 0; j < V; j += 4) w[j / 4] = pack_low_bytes(b[j], b[j + 1], b[j + 2], b[j + 3]);
       *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = *reinterpret_cast<const Vec<uint32_t, V / 4>*>(w);
     } else {
       Vec<int8_t, V> o;
