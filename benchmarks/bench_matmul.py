@@ -32,12 +32,17 @@ CASES = [(HEADLINE, c, "x".join(map(str, c))) for c in
         [("batched_matmul.linear_bias_gelu_2d", (4096, 768, 3072), "GPT-2 MLP 4096x768->3072"),
          ("batched_matmul.linear_bias_silu_2d", (2048, 2048, 5632), "Llama MLP 2048x2048->5632"),
          ("batched_matmul.linear_bias_gelu", (16, 256, 768, 3072), "BERT MLP 16x256x768->3072")]
+# the other matmul forms, each at one shape; a 4th field picks a variant spelling (index into p.variants)
+FORMS = [("batched_matmul.mm_bias_gelu_tanh", (8, 512, 768, 3072), "GPT-2 Conv1D addmm+gelu_new 8x512x768->3072", 1),
+         ("batched_matmul.bmm_scale_bias_gelu_4d", (8, 12, 512, 64, 512, "bT"), "4-D q@k^T 8x12x512x64x512"),
+         ("batched_matmul.bmm_scale_bias_gelu", (96, 512, 64, 512), "baddbmm 96x512x64x512", 0)]
 
 
 def other_cases():
-    seen = {c[0] for c in CASES}
-    for p in registry.all_patterns():
-        if p.id.startswith("batched_matmul.") and p.id not in seen:
+    seen = {c[0] for c in CASES + FORMS}
+    for p in registry.all_patterns():  # 3-D batched and linear rules (4-D and mm rules: FORMS' kernels)
+        if p.id.startswith("batched_matmul.") and p.id not in seen and not p.id.endswith("_4d") \
+                and ".mm_" not in p.id:
             if p.static.get("linear"):
                 case = (16, 256, 768, 3072) if p.id[-3:] != "_2d" else (4096, 768, 3072)
                 yield p.id, case, ("16x256x768->3072" if len(case) == 4 else "4096x768->3072")
@@ -58,29 +63,31 @@ def flops_of(p, args) -> int:
 
 def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
     rows, t0 = [], time.time()
-    todo = [(c, dt) for c in [*CASES, *other_cases()] for dt in dtypes]
-    for i, ((pid, case, label), dt) in enumerate(todo, 1):
+    todo = [(c, dt) for c in [*CASES, *FORMS, *other_cases()] for dt in dtypes]
+    for i, ((pid, case, label, *variant), dt) in enumerate(todo, 1):
         p = registry.by_id(pid)
+        fn = p.variants[variant[0]] if variant else None
         args = p.make_args(case, dt, "cuda")
-        ind = compiled(p, "inductor")
+        ind = compiled(p, "inductor", fn)
         ind(*args)
         with fusion_backend.stats.collect() as recs, no_compile_caches():  # a cache hit skips the pass: no count
-            fk = compiled(p, "fusekit")
+            fk = compiled(p, "fusekit", fn)
             fk(*args)
         fused = sum(r.sites[p.id] for r in recs) > 0
         res = {"pattern": pid, "shape": label, "dtype": str(dt)[6:], "fused": fused}
-        for name, fn in (("eager", lambda: p.eager(*args)), ("inductor", lambda: ind(*args)),
-                         ("fusekit", lambda: fk(*args))):
-            res[name] = bench(fn)
+        eager = fn or p.eager
+        for name, f in (("eager", lambda: eager(*args)), ("inductor", lambda: ind(*args)),
+                        ("fusekit", lambda: fk(*args))):
+            res[name] = bench(f)
         a, b = args[0], args[1]
         if p.static.get("linear"):
             plain_ref, plain_fk = (lambda: torch.matmul(a, b.t())), \
                 (lambda: torch.ops.fusekit.matmul_epilogue(a, b, None, None, None, "none", True))
         else:
-            plain_ref, plain_fk = (lambda: torch.bmm(a, b)), \
+            plain_ref, plain_fk = (lambda: torch.matmul(a, b)), \
                 (lambda: torch.ops.fusekit.matmul_epilogue(a, b, None, None, None, "none", False))
         res["cublas_plain"], res["fusekit_plain"] = bench(plain_ref), bench(plain_fk)
-        ref = p.eager(*args)
+        ref = eager(*args)
         res["max_abs_err_vs_eager"] = (fk(*args).float() - ref.float()).abs().max().item()
         res["plain_max_abs_err"] = (plain_fk().float() - plain_ref().float()).abs().max().item()
         fl = flops_of(p, args)

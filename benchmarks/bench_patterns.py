@@ -4,8 +4,9 @@ with a device-to-device copy of the same byte count as the bandwidth ceiling. Ge
     python benchmarks/bench_patterns.py --out out/ [--dtypes float16,bfloat16] [--patterns quantize]
 
 Per size: ms (median ± std), GB/s (bytes read + written / time), % of copy bandwidth, and speedups. Sizes
-that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows); larger ones
-with triton.testing.do_bench, which flushes the L2 before every run. Writes bench.md, bench.json and
+that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows), as replays of a
+CUDA graph of back-to-back calls, so the GPU time is measured rather than the host's launch overhead;
+larger ones with triton.testing.do_bench, which flushes the L2 before every run. Writes bench.md, bench.json and
 bench.png (speedup over Inductor and % of copy bandwidth per pattern).
 """
 from __future__ import annotations
@@ -36,10 +37,38 @@ def nbytes(x) -> int:
     return 0
 
 
-def time_hot(fn, reps: int = 200) -> list[float]:
-    """Median-able event timings without flushing (the inputs stay in L2, as after their producer)."""
-    for _ in range(20):
-        fn()
+def time_hot(fn, reps: int = 50, inner: int = 20) -> list[float]:
+    """Per-call GPU time with the inputs in L2 (as after their producer): `inner` back-to-back calls
+    captured in one CUDA graph, timed over `reps` replays. Timed call by call instead, a compiled
+    function's host overhead (tens of microseconds) would be all that these sizes measure."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                fn()
+    except RuntimeError as e:  # not capturable: call by call (host-bound at these sizes), and say so
+        print(f"  (no CUDA graph: {str(e).splitlines()[0][:100]}; timed call by call)", flush=True)
+        return _time_calls(fn, reps * inner // 5)
+    for _ in range(3):
+        g.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    del g
+    return [s.elapsed_time(e) / inner for s, e in zip(starts, ends)]
+
+
+def _time_calls(fn, reps: int) -> list[float]:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
@@ -79,11 +108,12 @@ def save(out: pathlib.Path, stem: str, data: dict, md: str, plot_fn) -> None:
     plot_fn(out / f"{stem}.png")
 
 
-def compiled(p, backend: str):
+def compiled(p, backend: str, fn=None):
+    """p's search function (or `fn`, one of its variants) under torch.compile."""
     torch._dynamo.reset()
     if backend == "fusekit":  # name the pattern, so rules that are off by default are measured too
         backend = fusion_backend.backend(options={"patterns": [p.id]})
-    return torch.compile(p.search_fn(), backend=backend, dynamic=False)
+    return torch.compile(fn or p.search_fn(), backend=backend, dynamic=False)
 
 
 def run(patterns, dtypes, sizes, out: pathlib.Path) -> list[dict]:

@@ -7,7 +7,8 @@
 //       y = ACT[act](y * scale + bias) + residual                 # each term only when given
 //
 // Contract: a [L, M, K] or [M, K] (or [..., K] with 2-D b: leading dims flattened into M when they are
-// viewable); b [L, K, N] or [K, N] ([.., N, K] when linear); fp16 or bf16, one dtype; each operand has a
+// viewable); b [L, K, N] or [K, N] ([.., N, K] when linear); 4-D and higher a [B, H, M, K] @ b [B, H, K, N]
+// (same leading dims) run as L = B * H; fp16 or bf16, one dtype; each operand has a
 // unit stride in one of its last two dims, 16-byte-aligned data and leading/batch strides that are
 // multiples of 8 elements (TMA); K and N multiples of 8. bias [N] and residual [L, M, N] (unit last
 // stride) of the same dtype. act in {none, gelu, gelu_tanh, relu, silu}. Returns a new contiguous
@@ -148,7 +149,7 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   const int act_id = parse_act(std::string(act));
   at::Tensor b = linear ? b_in.transpose(-1, -2) : b_in;
   at::Tensor a = a_in;
-  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, "fusekit: matmul_epilogue: b must be 2-D or 3-D, got ", describe(b_in));
+  TORCH_CHECK(b.dim() >= 2, "fusekit: matmul_epilogue: b must have at least 2 dims, got ", describe(b_in));
   std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end() - 1);  // [..., M] + [N]
   if (b.dim() == 2) {
     TORCH_CHECK(a.dim() >= 2, "fusekit: matmul_epilogue: a must have at least 2 dims, got ", describe(a_in));
@@ -158,8 +159,14 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
       TORCH_CHECK(a.is_alias_of(a_in), "fusekit: matmul_epilogue: a's leading dims must be viewable as one");
     }
   } else {
-    TORCH_CHECK(a.dim() == 3 && a.size(0) == b.size(0), "fusekit: matmul_epilogue: batched a and b must be "
-                "[L, M, K] and [L, K, N]; got a ", describe(a_in), ", b ", describe(b_in));
+    TORCH_CHECK(a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2),
+                "fusekit: matmul_epilogue: batched a and b must be [..., M, K] and [..., K, N] with the same "
+                "leading dims; got a ", describe(a_in), ", b ", describe(b_in));
+    if (b.dim() > 3) {  // [B, H, .., M, K] @ [B, H, .., K, N]: the leading dims form L (views where they merge;
+      // the rules fire only there, a direct call with unmergeable ones gets a copy)
+      a = a.reshape({-1, a.size(-2), a.size(-1)});
+      b = b.reshape({-1, b.size(-2), b.size(-1)});
+    }
   }
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1), L = b.dim() == 3 ? b.size(0) : 1;
   TORCH_CHECK(b.size(-2) == K, "fusekit: matmul_epilogue: inner dims differ: a ", describe(a_in), ", b ",
@@ -200,7 +207,8 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   }
   if (residual_in_epilogue) {
     c = *residual;
-    if (c.dim() > 3 || (b.dim() == 2 && c.dim() > 2)) c = c.reshape({-1, N});  // a view when viewable
+    if (b.dim() == 2 && c.dim() > 2) c = c.reshape({-1, N});  // a view when viewable
+    if (b.dim() == 3 && c.dim() > 3) c = c.reshape({-1, M, N});
     bool c_row = false;
     int64_t ldc = 0, sc = 0;
     TORCH_CHECK(layout_of(c, c_row, ldc, sc) && c_row && ok_stride(ldc) && ok_stride(sc) && aligned16(c.data_ptr()),

@@ -169,7 +169,8 @@ def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | Non
                     linear: bool = False) -> Guard:
     """What the TMA GEMM of fusekit::matmul_epilogue reads (csrc/matmul_epilogue.cu): a [L, M, K] /
     [.., M, K] with a unit last stride, b [L, K, N] / [K, N] ([.., N, K] when `linear`) with a unit
-    stride in one of its last two dims, K and N multiples of 8, every other stride and storage offset a
+    stride in one of its last two dims (4-D and up: a and b share leading dims that merge into one L),
+    K and N multiples of 8, every other stride and storage offset a
     multiple of 8 elements (16 bytes), a contiguous bias [N] and a residual shaped like the output with a
     unit last stride. Sizes and strides must be plain ints here (a symbolic one: no rewrite)."""
     def ints(*vals: Any) -> bool:
@@ -179,14 +180,22 @@ def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | Non
         return all(st % 8 == 0 and st > 0 for i, st in enumerate(t.stride()) if i != skip % t.dim()
                    and t.shape[i] > 1) and t.storage_offset() % 8 == 0
 
+    def merges(t: Tensor) -> bool:  # the dims before the last two are viewable as one (4-D and up)
+        lead = [(n, st) for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n != 1]
+        return all(st == st2 * n2 for (_, st), (n2, st2) in zip(lead, lead[1:]))
+
     def check(s: Site) -> str | None:
         ta, tb = s.tensor(a), s.tensor(b)
         if not ints(*ta.shape, *tb.shape, *ta.stride(), *tb.stride(), ta.storage_offset(), tb.storage_offset()):
             return "symbolic sizes or strides"
         bt = tb.transpose(-1, -2) if linear else tb
-        if bt.dim() == 3:
-            if ta.dim() != 3 or ta.shape[0] != bt.shape[0]:
-                return f"batched {a} {tuple(ta.shape)} and {b} {tuple(tb.shape)} are not [L, M, K] @ [L, K, N]"
+        if bt.dim() >= 3:
+            if ta.dim() != bt.dim() or tuple(ta.shape[:-2]) != tuple(bt.shape[:-2]):
+                return (f"batched {a} {tuple(ta.shape)} and {b} {tuple(tb.shape)} are not [..., M, K] @ "
+                        f"[..., K, N] with the same leading dims")
+            if not (merges(ta) and merges(bt)):
+                return (f"the leading dims of {a} (strides {ta.stride()}) or {b} (strides {tb.stride()}) are "
+                        f"not viewable as one batch dim")
         elif bt.dim() != 2 or ta.dim() < 2:
             return f"{a} {tuple(ta.shape)} @ {b} {tuple(tb.shape)}: want 2-D or 3-D operands"
         k, n = bt.shape[-2], bt.shape[-1]

@@ -168,7 +168,8 @@ def _(x, scale, zp, qmin, qmax, *, scale_t=None, zp_t=None):
 @torch.library.register_fake("fusekit::matmul_epilogue")
 def _(a, b, bias, residual, scale, act, linear, *, scale_t=None):
     bt = b.transpose(-1, -2) if linear else b
-    torch._check(a.shape[-1] == bt.shape[-2] and (bt.dim() == 2 or (a.dim() == 3 and bt.dim() == 3)),
+    torch._check(a.shape[-1] == bt.shape[-2] and (bt.dim() == 2 or (a.dim() == bt.dim() and
+                                                                     tuple(a.shape[:-2]) == tuple(bt.shape[:-2]))),
                  lambda: f"matmul_epilogue: bad shapes {tuple(a.shape)} @ {tuple(bt.shape)}")
     return a.new_empty((*a.shape[:-1], bt.shape[-1]))  # contiguous
 

@@ -44,19 +44,22 @@ def matmul_epilogue_ref(a: Tensor, b: Tensor, bias: Tensor = None, residual: Ten
     return y if residual is None else y + residual
 
 
-def _inputs(has_bias: bool, has_residual: bool, linear: bool):
-    """case (L, M, K, N[, "bT"]) for batched rules, (M, K, N) / (B, S, K, N) for linear ones."""
+def _inputs(has_bias: bool, has_residual: bool, form: str):
+    """Cases by form. "batched": (L, M, K, N[, "bT"]) or (B, H, M, K, N[, "bT"]), b [.., K, N] ("bT": a
+    k.transpose(-1, -2) view); "linear": (M, K, N) / (B, S, K, N) with a weight [N, K]; "mm": the same
+    with b [K, N] (GPT-2's Conv1D)."""
     def make(case, dt, dev):
-        if linear:
-            *lead, k, n = case
-            a, b = rand((*lead, k), dt, dev), rand((n, k), dt, dev, scale=k ** -0.5)
-            out = (*lead, n)
+        if form == "batched":
+            *lead, m, k, n = [c for c in case if isinstance(c, int)]
+            a = rand((*lead, m, k), dt, dev)
+            b = (rand((*lead, n, k), dt, dev, scale=k ** -0.5).transpose(-1, -2) if "bT" in case
+                 else rand((*lead, k, n), dt, dev, scale=k ** -0.5))
+            out = (*lead, m, n)
         else:
-            (l, m, k, n), bt = case[:4], "bT" in case[4:]
-            a = rand((l, m, k), dt, dev)
-            b = (rand((l, n, k), dt, dev, scale=k ** -0.5).transpose(1, 2) if bt  # k.transpose(-1, -2)
-                 else rand((l, k, n), dt, dev, scale=k ** -0.5))
-            out = (l, m, n)
+            *lead, k, n = case
+            a = rand((*lead, k), dt, dev)
+            b = rand((n, k) if form == "linear" else (k, n), dt, dev, scale=k ** -0.5)
+            out = (*lead, n)
         extra = ([rand((out[-1],), dt, dev)] if has_bias else []) + ([rand(out, dt, dev)] if has_residual else [])
         return (a, b, *extra)
 
@@ -68,12 +71,56 @@ def _bad_layout(make, case):
     return lambda dt, dev: make((*case[:-1], 20), dt, dev)
 
 
+def gelu_new(y: Tensor) -> Tensor:
+    """GELU's tanh form as HF's NewGELUActivation (GPT-2's gelu_new) spells it out."""
+    return 0.5 * y * (1.0 + torch.tanh(0.7978845608028654 * (y + 0.044715 * y ** 3)))
+
+
+def _baddbmm(a: Tensor, b: Tensor, bias: Tensor, scale: float = None) -> Tensor:
+    return torch.baddbmm(bias, a, b) if scale is None else torch.baddbmm(bias, a, b, alpha=scale)
+
+
+def _addmm_3d(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
+    """GPT-2's Conv1D: addmm on the flattened rows of a, viewed back."""
+    y = torch.addmm(bias, a.view(-1, a.size(-1)), b)
+    return y.view(a.size()[:-1] + y.size()[-1:])
+
+
+def _addmm_2d(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
+    return torch.addmm(bias, a, b)
+
+
 # (name, has scale, has bias, act, has residual), longest epilogue first within each form
 BATCHED = [(f"bmm_scale_bias_{act}", True, True, act, False) for act in ("gelu", "gelu_tanh", "relu", "silu")] + \
           [(f"bmm_bias_{act}", False, True, act, False) for act in ("gelu", "gelu_tanh", "relu", "silu")] + \
           [("bmm_scale_bias", True, True, "none", False), ("bmm_scale", True, False, "none", False)]
 LINEAR = [(f"linear_bias_{act}", False, True, act, False) for act in ("gelu", "gelu_tanh", "relu", "silu")] + \
          [("linear_bias_residual", False, True, "none", True)]
+MM = [(f"mm_bias_{act}", False, True, act, False) for act in ("gelu", "gelu_tanh", "relu", "silu")]
+
+
+def _variants(names: list[str], scale: bool, act: str, form: str, rank: int) -> tuple:
+    """Other spellings of a rule, called with its arguments in order: HF's gelu_new for the tanh form;
+    baddbmm(bias, a, b, alpha=scale) for a 3-D batched rule with bias and activation (without an
+    activation cuBLAS's baddbmm already is one kernel); addmm(bias, a, b) for the mm rules (Conv1D)."""
+    acts = [ACTS[act]] + ([gelu_new] if act == "gelu_tanh" else [])
+    pre: list = []
+    if form == "batched" and rank == 3 and act != "none" and scale:  # (an alpha-less baddbmm binds scale=1)
+        pre.append(_baddbmm)
+    if form == "mm":
+        pre.append(_addmm_3d if rank == 3 else _addmm_2d)
+    out = []
+    for f in acts:
+        for g in pre:
+            out.append(lambda *t, f=f, g=g: f(g(**dict(zip(names, t)))))
+        if f is not ACTS[act]:
+            out.append(lambda *t, f=f: f(matmul_epilogue_ref(**dict(zip(names, t)), **_pre_static(form, scale))))
+    return tuple(out)
+
+
+def _pre_static(form: str, scale: bool) -> dict:
+    """matmul_epilogue_ref's static arguments for the product before the activation."""
+    return {"act": "none", "linear": form == "linear", **({} if scale else {"scale": None})}
 
 
 # Measured selection (benchmarks/results/h200_matmul.md): GELU(erf) and SiLU epilogues measured 0.96-0.98x
@@ -85,8 +132,8 @@ HEAVY_ACTS = ("gelu", "silu")
 CUDA_DEFAULT = {"linear_bias_residual": False, "linear_bias_residual_2d": False}
 
 
-def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, linear: bool, rank: int) -> Pattern:
-    static = {"act": act, "linear": linear}
+def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: str, rank: int) -> Pattern:
+    static = {"act": act, "linear": form == "linear"}
     if not scale:
         static["scale"] = None
     if not bias:
@@ -94,29 +141,40 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, linear: 
     if not residual:
         static["residual"] = None
     names = ["a", "b"] + (["bias"] if bias else []) + (["residual"] if residual else [])
-    if linear:
+    if form != "batched":
         trace_case = (2, 8, 16, 24) if rank == 3 else (16, 16, 24)
         # the last case is compiled on CUDA by the GPU tests: aligned, so Inductor's pad_mm leaves it alone
         cases = ((1, 5, 32, 40), (2, 8, 16, 24)) if rank == 3 else ((5, 32, 40), (16, 16, 24))
         gpu_cases = ((4, 512, 768, 3072), (2, 129, 72, 200), (1, 1, 8, 8)) if rank == 3 else \
             ((2048, 2048, 5632), (129, 72, 200), (1, 8, 8))
-    else:
+    elif rank == 3:
         trace_case = (2, 8, 16, 24)
         cases = ((1, 5, 32, 16, "bT"), (2, 8, 16, 24))
         gpu_cases = ((96, 512, 64, 512), (96, 512, 512, 64, "bT"), (3, 129, 72, 200, "bT"), (1, 1, 8, 8),
                      (2, 300, 512, 64), (4, 1000, 256, 136, "bT"))
-    short, make = name + ("" if rank == 3 else "_2d"), _inputs(bias, residual, linear)
+    else:  # matmul of [B, H, M, K] @ [B, H, K, N]: attention-style scores with a bias and activation
+        trace_case = (2, 3, 8, 16, 24)
+        cases = ((1, 2, 5, 32, 16, "bT"), (2, 3, 8, 16, 24))
+        gpu_cases = ((8, 12, 512, 64, 512, "bT"), (2, 3, 129, 72, 200), (1, 1, 1, 8, 8), (4, 2, 1000, 256, 136, "bT"))
+    suffix = {2: "_2d", 3: "", 4: "_4d"}[rank]
+    short, make = name + suffix, _inputs(bias, residual, form)
+    arg_names = [n for n in ("a", "b", "bias", "residual", "scale") if n not in static]
     return Pattern(
         f"batched_matmul.{short}", cuda_default=CUDA_DEFAULT.get(short, True),
         reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=HALF,
         inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
-        gpu_cases=gpu_cases,
+        gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
         guards=(G.same_dtype(*names), G.matmul_operands("a", "b", "bias" if bias else None,
-                                                        "residual" if residual else None, linear),
-                *([G.matmul_heavy_epilogue_k("b", linear)] if act in HEAVY_ACTS else [])),
+                                                        "residual" if residual else None, form == "linear"),
+                *([G.matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
         bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
     )
 
 
-PATTERNS = [_rule(*r, linear=False, rank=3) for r in BATCHED] + \
-           [_rule(*r, linear=True, rank=rank) for rank in (3, 2) for r in LINEAR]
+# 4-D: only the rules with an activation. Without one, a 4-D matmul * scale (+ bias) is typically attention
+# scores that feed a softmax (when the attention rule did not fire), and Inductor folds the scale and
+# bias into the softmax kernel: fusing them into the GEMM would save no pass.
+PATTERNS = [_rule(*r, form="batched", rank=3) for r in BATCHED] + \
+           [_rule(*r, form="batched", rank=4) for r in BATCHED if r[3] != "none"] + \
+           [_rule(*r, form="linear", rank=rank) for rank in (3, 2) for r in LINEAR] + \
+           [_rule(*r, form="mm", rank=rank) for rank in (3, 2) for r in MM]

@@ -235,6 +235,20 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     _check(p, args, rep.output)
 
 
+@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns(flat=False) if c.values[0].variants
+                                     and c.values[0].op == "matmul_epilogue" and c.values[1] == torch.float16])
+def test_compiled_variants_on_cuda_fire(p, dtype):
+    """The other spellings of the shaped rules (baddbmm, GPT-2's addmm Conv1D, HF's gelu_new) as CUDA's
+    post-grad graph has them (on CUDA Inductor unfuses addmm + pointwise into mm + add)."""
+    import fusion_backend
+
+    args = p.make_args(p.cases[-1], dtype, "cuda")
+    for v in p.variants:
+        rep = fusion_backend.explain(v, *args, options=None if p.on_by_default(dtype) else {"patterns": [p.id]})
+        assert rep.sites[p.id] == 1, str(rep)
+        _check(p, args, rep.output)
+
+
 @pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns() if not c.values[0].on_by_default(c.values[1])][:1])
 def test_off_by_default_rules_do_not_fire_unless_named(p, dtype):
     import fusion_backend
@@ -324,9 +338,21 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
         same = matmul_epilogue_ref(a, b, bias, res, scale=0.3, act=act)
         err, err_eager = ((x.double() - want).abs().max().item() for x in (out, same))
         assert err <= 2 * err_eager + 1e-6 * want.abs().max().item(), (act, err, err_eager)
+    # 4-D: leading dims that merge into one batch (views) and a head-transposed q whose do not (the op
+    # copies it; the rules leave that one to Inductor), and a 4-D residual read in the epilogue
+    p4 = registry.by_id("batched_matmul.bmm_scale_bias_gelu_4d")
+    q, k4 = r(2, 40, 3, 64).transpose(1, 2), r(2, 3, 136, 64).transpose(-1, -2) * 0.125
+    for qq in (q, q.contiguous()):
+        _check(p4, [qq, k4, bias, 0.3], _run(p4, [qq, k4, bias, 0.3]))
+    res4 = r(2, 3, 40, 136)
+    out = op(q.contiguous(), k4, bias, res4, 0.3, "none", False)
+    want = matmul_epilogue_ref(q.double(), k4.double(), bias.double(), res4.double(), scale=0.3)
+    same = matmul_epilogue_ref(q, k4, bias, res4, scale=0.3)
+    assert (out.double() - want).abs().max() <= 2 * (same.double() - want).abs().max() + 1e-3
     for bad, msg in (((a[:, :, :60], r(4, 60, 136)), "multiples of 8"),          # K = 60
                      ((a, r(4, 64, 130)), "multiples of 8"),                       # N = 130
                      ((a, r(3, 64, 136)), "batched"),                              # batch mismatch
+                     ((q, r(2, 1, 64, 136)), "batched"),                           # broadcast heads
                      ((a[:, :, 1:57], r(4, 56, 136)), "16-byte")):                 # misaligned a
         with pytest.raises(RuntimeError, match=msg):
             op(*bad, None, None, None, "gelu", False)

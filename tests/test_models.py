@@ -25,3 +25,16 @@ def test_tiny_model_matches_eager_and_fuses(name):
     assert rep.sites[EXPECT[name]] >= 2, str(rep)  # one per layer
     assert not rep.errors, str(rep)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_tiny_gpt2_half_fuses_conv1d_gelu_new_into_the_gemm():
+    """GPT-2's MLP: Conv1D (addmm on the flattened rows, viewed back) + gelu_new, spelled out as HF does,
+    becomes one matmul_epilogue per layer in fp16."""
+    model, inputs, _ = models.make("gpt2", "cpu", dtype=torch.float16)
+    with torch.no_grad():
+        ref = models.first_output(model(**inputs))
+        rep = fusion_backend.explain(model, **inputs, options=CPU)
+    assert rep.sites["batched_matmul.mm_bias_gelu_tanh"] == 2, str(rep)  # one per layer
+    assert not rep.errors, str(rep)
+    torch.testing.assert_close(models.first_output(rep.output).float(), ref.float(), rtol=2e-3, atol=2e-3)
