@@ -227,9 +227,10 @@ def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | Non
 
 def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024,
                             top: int = 4096) -> Guard:
-    """Measured selection for GELU(erf)/SiLU epilogues (benchmarks/results/h200_matmul.md): with
+    """Measured selection for GELU (erf and tanh)/SiLU epilogues (benchmarks/results/h200_matmul.md): with
     low < K < high and N > 64 the epilogue's transcendental math neither hides under the GEMM (cooperative
-    schedule) nor costs less than Inductor's separate pointwise kernel: 0.96-0.98x at K = 768. From K = top
+    schedule) nor costs less than Inductor's separate pointwise kernel: 0.96-0.98x at K = 768 (erf), 0.99x
+    for GPT-2 end to end (tanh: 1.08x alone, but no faster than cuBLAS's addmm + gelu_new in the model). From K = top
     on, the GEMM's main loop trails cuBLAS's by about what the fused epilogue saves: 8x4096^3 measured
     0.94-0.97x in one run, 1.02-1.04x in another. Short K (1.2-1.8x), N <= 64 (1.18-1.25x) and
     high <= K < top (ping-pong; 1.09-1.34x at K = 1024-2048) fire."""
@@ -292,9 +293,14 @@ def _device_guard(p: "Pattern") -> Guard:
         if dev.type == "cuda":
             missing = _ext.missing_cuda_kernel(p.op, dev)
             dtype = s.tensor(tensors[0]).dtype
-            if missing is None and not p.on_by_default(dtype) and p.id not in s.run.options.forced:
-                return (f"off by default on CUDA in {dtype}: slower than Inductor's kernel in the benchmark; "
-                        f"enable with options={{'patterns': ['{p.id}']}}")
+            if missing is None and p.id not in s.run.options.forced:
+                if not p.on_by_default(dtype):
+                    return (f"off by default on CUDA in {dtype}: slower than Inductor's kernel in the benchmark; "
+                            f"enable with options={{'patterns': ['{p.id}']}}")
+                n, floor = s.tensor(tensors[0]).numel(), p.min_numel(dtype)
+                if isinstance(n, int) and n < floor:
+                    return (f"{n:,} elements, below the size threshold ({floor:,} in {dtype}): Inductor's kernels "
+                            f"measured faster there; enable with options={{'patterns': ['{p.id}']}}")
             return missing
         return f"device {dev.type} is not supported"
 

@@ -65,6 +65,11 @@ class Pattern:
     # run-to-run noise) at every benchmarked size. True = every dtype, False = none. Elsewhere it fires on
     # CUDA only when named in options["patterns"].
     cuda_default: bool | tuple[torch.dtype, ...] = True
+    # Measured selection by size: where it fires by default, the rule fires on CUDA only when its first
+    # tensor has at least this many elements (per dtype, or one int for all): below it, bench_patterns'
+    # CUDA-graph timings measured Inductor's kernels faster (launch-bound sizes). A symbolic size fires
+    # (the kernel wins where the time is; the loss below measured <= 1.3 us). Named rules fire at any size.
+    cuda_min_numel: int | Mapping[torch.dtype, int] = 0
     # How the search pattern is traced. "fwd_only": make_fx through Inductor's decompositions (enough for
     # elementwise chains). "inductor": the graph Inductor itself hands to its post-grad pass (its
     # view_to_reshape/clone/noop passes applied, SDPA on its math backend), so the rule tracks exactly
@@ -78,6 +83,10 @@ class Pattern:
 
     def on_by_default(self, dtype: torch.dtype) -> bool:
         return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)
+
+    def min_numel(self, dtype: torch.dtype) -> int:
+        m = self.cuda_min_numel
+        return m if isinstance(m, int) else m.get(dtype, 0)
 
     @functools.cached_property
     def params(self) -> list[tuple[str, str]]:

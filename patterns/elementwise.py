@@ -14,6 +14,14 @@ from fusion_backend import guards as G
 from fusion_backend.registry import Pattern, rand
 
 
+# Measured size threshold (registry.Pattern.cuda_min_numel): bench_patterns' CUDA-graph timings on an H200
+# (results/h200.md, session 8): at 98K elements these kernels took 1.7-1.8 us against Inductor's 1.4 us,
+# and 1.4-1.5 us (0.99-1.08x: a tie at best) after fusekit.h's small launches; at its "1M" size (999,424
+# elements) 0.76-0.88x Inductor's time in both runs. Rounded down to 990,000. (gelu_tanh: 0.73-0.86x at
+# 98K, no threshold.)
+MIN_NUMEL = 990_000
+
+
 def add_mul_exp_ref(x: Tensor, y: Tensor, c: float = 2.0) -> Tensor:
     return torch.exp((x + y) * c)
 
@@ -68,6 +76,7 @@ PATTERNS = [
     Pattern(
         "elementwise.gelu_mul_erf",  # gelu(g) * u: GeGLU MLPs (T5 v1.1, Gemma use the tanh form)
         cuda_default=(torch.float16, torch.bfloat16),  # measured: faster than Inductor at 20M and 50M (results/h200.md)
+        cuda_min_numel=MIN_NUMEL,
         reference=gelu_mul_ref, op="gelu_mul", static={"approximate": "none"}, inputs=_like(2),
         guards=(G.same_shape("g", "u"), G.same_dtype("g", "u"), G.contiguous("g", "u")),
         variants=(lambda g, u: u * F.gelu(g),), bad_layout=_transposed(2),
@@ -90,6 +99,7 @@ PATTERNS = [
     Pattern(
         "elementwise.bias_gelu_erf",  # gelu(x + b): the MLP up-projection epilogue (BERT; CUDA mm + add)
         cuda_default=(torch.float16, torch.bfloat16),  # measured: faster than Inductor at 20M and 50M (results/h200.md)
+        cuda_min_numel=MIN_NUMEL,
         reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "none"}, inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: F.gelu(b + x),),
@@ -98,6 +108,7 @@ PATTERNS = [
     Pattern(
         "elementwise.bias_gelu_tanh",  # gelu_tanh(x + b): GPT-2's MLP epilogue on CUDA (mm + add)
         cuda_default=(torch.float16, torch.bfloat16),  # measured: faster than Inductor at 20M and 50M (results/h200.md)
+        cuda_min_numel=MIN_NUMEL,
         reference=bias_gelu_ref, op="bias_gelu", static={"approximate": "tanh"}, inputs=_x_and_bias,
         guards=(G.last_dim_vector("bias", "x"), G.same_dtype("x", "bias"), G.contiguous("x", "bias")),
         variants=(lambda x, b: F.gelu(b + x, approximate="tanh"),),
@@ -114,6 +125,7 @@ PATTERNS = [
     Pattern(
         "elementwise.gelu_erf",  # gelu(x), erf form: BERT's MLP after addmm (bias already in the GEMM)
         cuda_default=(torch.float16, torch.bfloat16),  # measured: faster than Inductor at 20M and 50M (results/h200.md)
+        cuda_min_numel=MIN_NUMEL,
         reference=gelu_ref, op="gelu", static={"approximate": "none"}, inputs=_like(1),
         guards=(G.contiguous("x"),), bad_layout=_transposed(1),
     ),

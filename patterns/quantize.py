@@ -58,6 +58,15 @@ def _int8(case, dt, dev):
     return (torch.randint(-128, 128, tuple(case), device=dev, dtype=torch.int8),)
 
 
+# Measured size thresholds (registry.Pattern.cuda_min_numel), from bench_patterns' CUDA-graph timings on an
+# H200 (results/h200.md, session 8), rows of 4096. Per-channel: 2.05 us against Inductor's 1.4 us at 98K
+# elements, 0.85-0.92x at its "1M" size (999,424). One-pass dynamic quantization in fp16/bf16: slower up to
+# 1M (3.8-4.0 us against 2.8-2.9 us: 244 rows are too few blocks for the per-row kernel), 0.66-0.83x from
+# 5M (4,997,120) on; fp32 1.06-1.08x at 98K, 0.92-0.97x at 1M. Rounded down.
+MIN_NUMEL_CHANNEL = 990_000
+MIN_NUMEL_DYN = {torch.float16: 4_990_000, torch.bfloat16: 4_990_000, torch.float32: 990_000}
+
+
 _ROWS = ((4, 64), (3, 5, 33), (2, 4096))
 def _channel_guards(per_row: bool):
     return (G.channel_params("x", "scale", "zp", per_row=per_row), G.float32("scale", "zp"),
@@ -67,6 +76,7 @@ PATTERNS = [
     Pattern(
         "quantize.dyn_quant_i8",  # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
         cuda_default=True,  # measured: 0.58-0.83x Inductor's time at 20M/50M, every dtype (results/h200.md)
+        cuda_min_numel=MIN_NUMEL_DYN,
         reference=dyn_quant_i8_ref, op="dyn_quant_i8", literals=("eps",),
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
@@ -74,6 +84,7 @@ PATTERNS = [
     Pattern(
         "quantize.dyn_quant_fp8",  # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
         cuda_default=True,  # measured: 0.60-0.86x Inductor's time at 20M/50M, every dtype (results/h200.md)
+        cuda_min_numel=MIN_NUMEL_DYN,
         reference=dyn_quant_fp8_ref, op="dyn_quant_fp8", literals=("eps",),
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
         guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
@@ -91,6 +102,7 @@ PATTERNS = [
         # measured: fp16/bf16 0.77-0.84x Inductor's time at 20M/50M (results/h200_quant_hbm.md, 3-round
         # medians); fp32 at parity (results/h200.md), so opt-in there
         cuda_default=(torch.float16, torch.bfloat16),
+        cuda_min_numel=MIN_NUMEL_CHANNEL,
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=False),
         cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1,
@@ -100,6 +112,7 @@ PATTERNS = [
         "quantize.quant_i8_per_row",  # per-channel INT8, one scale/zp per row
         # measured: fp16/bf16 0.85-0.94x Inductor's time at 20M/50M (results/h200_quant_hbm.md); fp32 at parity
         cuda_default=(torch.float16, torch.bfloat16),
+        cuda_min_numel=MIN_NUMEL_CHANNEL,
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=True),
         cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
         bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1,

@@ -230,9 +230,27 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     import fusion_backend
 
     args = p.make_args(p.cases[-1], dtype, "cuda")
-    rep = fusion_backend.explain(p.search_fn(), *args, options=None if p.on_by_default(dtype) else {"patterns": [p.id]})
+    by_default = p.on_by_default(dtype) and args[0].numel() >= p.min_numel(dtype)  # small cases: name it
+    rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
     assert rep.sites[p.id] == 1, str(rep)
     _check(p, args, rep.output)
+
+
+@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns(flat=True) if c.values[0].min_numel(c.values[1])
+                                     and c.values[0].on_by_default(c.values[1])])
+def test_size_threshold_on_cuda(p, dtype):
+    """Below its measured size threshold a default-on rule leaves the graph to Inductor (a near miss says
+    why) unless named; at the threshold it fires by default."""
+    import fusion_backend
+
+    floor = p.min_numel(dtype)
+    for rows, named, fires in ((2, False, 0), (2, True, 1), (-(-floor // 4096), False, 1)):
+        args = p.make_args((rows, 4096), dtype, "cuda")
+        rep = fusion_backend.explain(p.search_fn(), *args, options={"patterns": [p.id]} if named else None)
+        assert rep.sites[p.id] == fires, str(rep)
+        assert fires or any(m.pattern == p.id and "size threshold" in m.reason for m in rep.near_misses), str(rep)
+        if fires:
+            _check(p, args, rep.output)
 
 
 @pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns(flat=False) if c.values[0].variants

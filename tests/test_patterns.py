@@ -178,3 +178,24 @@ def test_matmul_4d_fires_only_where_leading_dims_merge():
         assert rep.sites[p.id] == fires, str(rep)
         assert fires or any(m.pattern == p.id and "one batch dim" in m.reason for m in rep.near_misses), str(rep)
         torch.testing.assert_close(rep.output, fn(qq, k, bias), atol=2e-3, rtol=2e-3)
+
+
+def test_size_threshold_guard(monkeypatch):
+    """The device guard's measured size threshold, on stand-ins for CUDA tensors (no GPU here): below it a
+    default-on rule does not fire and says why; named, or at the threshold, or with a symbolic size, it does."""
+    from types import SimpleNamespace as NS
+
+    from fusion_backend import _ext, guards
+
+    monkeypatch.setattr(_ext, "missing_cuda_kernel", lambda op, dev: None)
+    p = registry.by_id("quantize.dyn_quant_i8")
+    check = guards._device_guard(p).check
+    floor = p.min_numel(torch.float16)
+    assert floor > p.min_numel(torch.float32) > 0
+    for numel, forced, ok in ((floor - 1, (), False), (floor - 1, (p.id,), True), (floor, (), True),
+                              (NS(), (), True)):  # the last: a symbolic size (not a plain int)
+        x = NS(device=torch.device("cuda", 0), dtype=torch.float16, numel=lambda n=numel: n)
+        site = NS(tensor=lambda name: x, run=NS(options=NS(forced=forced, cpu_reference=False)))
+        reason = check(site)
+        assert (reason is None) == ok, (numel, forced, reason)
+        assert ok or "size threshold" in reason
