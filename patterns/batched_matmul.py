@@ -2,10 +2,12 @@
 GEMM applies scale, bias, activation and residual in registers before its single store, so the product
 never round-trips through HBM (Inductor's default mode calls cuBLAS, then a separate pointwise kernel).
 
-The rules are generated from two small tables (epilogues x matmul forms), longest epilogue first. Each is
-traced from what Inductor itself hands its post-grad pass (``trace="inductor"``), so the GPU graph's
-addmm -> mm + add unfusion, the views around a 3-D linear and the fp32 upcast of the activation are
-matched as Inductor emits them. fp16/bf16 only: fp32 matmuls stay with Inductor and cuBLAS.
+The rules are generated from small tables (epilogues x matmul forms: 3-D and 4-D batched, F.linear, and
+x @ W + b with W [K, N]), longest epilogue first; other spellings (baddbmm, GPT-2's addmm Conv1D, HF's
+gelu_new) are variants of the same rules. Each is traced from what Inductor itself hands its post-grad pass
+(``trace="inductor"``), so the GPU graph's addmm -> mm + add unfusion, the views around a 3-D linear and
+the fp32 upcast of the activation are matched as Inductor emits them. fp16/bf16 only: fp32 matmuls (TF32
+or not) stay with Inductor and cuBLAS.
 """
 from __future__ import annotations
 
