@@ -57,15 +57,7 @@ def time_hot(fn, reps: int = 50, inner: int = 20) -> list[float]:
         return _time_calls(fn, reps * inner // 5)
     for _ in range(3):
         g.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        g.replay()
-        e.record()
-    torch.cuda.synchronize()
-    del g
-    return [s.elapsed_time(e) / inner for s, e in zip(starts, ends)]
+    return [t / inner for t in _time_calls(g.replay, reps)]
 
 
 def _time_calls(fn, reps: int) -> list[float]:

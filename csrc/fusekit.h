@@ -59,20 +59,26 @@ inline void check_bias(const at::Tensor& x, const at::Tensor& bias) {
 }
 
 constexpr int kThreads = 256;
+constexpr int kSmallThreads = 128;  // launch_elementwise's blocks when a launch is small (small_launch)
 
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Vec {
   T v[V];
 };
 
+// The SM count of device `dev` (default: the current one), queried once per device.
+inline int sm_count(int dev = -1) {
+  static int sms[64] = {0};
+  if (dev < 0) dev = c10::cuda::current_device();
+  if (sms[dev] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
+  return sms[dev];
+}
+
 // Blocks for `units` independent work items: enough to fill every SM (8 x 256 threads each), no more;
 // the kernels are grid-stride loops.
 inline int blocks_for(int64_t units) {
-  static int sms[64] = {0};
-  int dev = c10::cuda::current_device();
-  if (sms[dev] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
   int64_t want = (units + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(sms[dev]) * 8)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(sm_count()) * 8)));
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -196,12 +202,13 @@ __device__ __forceinline__ Out apply1(const Op& op, const T (&vals)[N]) {
 // broadcast along the last dimension (a bias). One-shot blocks (no grid-stride loop): the block scheduler
 // keeps the SMs full and every thread's loads are in flight together. Vector loads when every pointer is
 // aligned and cols is a multiple of the vector width; the < V leftover elements go to block 0.
-// U vectors per thread, TPB threads per block (Small: one vector, 128 threads; see launch_elementwise).
+// Small: one vector per thread in kSmallThreads-thread blocks (see small_launch).
 template <int N, int ROW, typename T, typename Out, int V, bool Small, typename Op>
-__global__ void __launch_bounds__(Small ? 128 : kThreads) elementwise_kernel(
+__global__ void __launch_bounds__(Small ? kSmallThreads : kThreads) elementwise_kernel(
     Op op, Out* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
     int64_t n, int64_t cols, at::cuda::detail::IntDivider<unsigned> vdiv, bool idx32) {
-  constexpr int kVecsPerThread = Small ? 1 : ::fusekit::kVecsPerThread, kThreads = Small ? 128 : ::fusekit::kThreads;
+  constexpr int kVecsPerThread = Small ? 1 : ::fusekit::kVecsPerThread;
+  constexpr int kThreads = Small ? kSmallThreads : ::fusekit::kThreads;
   const T* in[3] = {a, b, c};
   const int64_t nvec = n / V, vcols = cols / V;
   const int64_t base = int64_t(blockIdx.x) * kVecsPerThread * kThreads + threadIdx.x;
@@ -266,19 +273,15 @@ __global__ void __launch_bounds__(Small ? 128 : kThreads) elementwise_kernel(
   }
 }
 
-inline unsigned one_shot_blocks(int64_t units, int64_t per_block = int64_t(kThreads) * kVecsPerThread) {
+inline unsigned one_shot_blocks(int64_t units, bool small = false) {
+  const int64_t per_block = small ? kSmallThreads : int64_t(kThreads) * kVecsPerThread;
   return static_cast<unsigned>(std::max<int64_t>(1, (units + per_block - 1) / per_block));
 }
 
 // Whether `units` give fewer full-size blocks than the GPU has SMs: the work then sits on a few SMs, whose
 // instruction issue bounds the kernel (98K elements of bias + GELU: 24 blocks, 1.7-1.8 us against Inductor's
-// 1.4 us with 96). Such launches take one vector per thread in 128-thread blocks (96 blocks there).
-inline bool small_launch(int64_t units) {
-  static int sms[64] = {0};
-  const int dev = c10::cuda::current_device();
-  if (sms[dev] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
-  return one_shot_blocks(units) < unsigned(sms[dev]);
-}
+// 1.4 us with 96). Such launches take one vector per thread in kSmallThreads-thread blocks (96 blocks there).
+inline bool small_launch(int64_t units) { return one_shot_blocks(units) < unsigned(sm_count()); }
 
 // Launch `op` on the current stream over contiguous inputs of one dtype T (`cols` is the length of the
 // row-broadcast inputs selected by ROW; ignored when ROW == 0).
@@ -294,8 +297,8 @@ void launch_elementwise(Op op, Out* out, const T* a, const T* b, const T* c, int
   const bool idx32 = ROW != 0 && units < (int64_t(1) << 31) && vcols >= 1;  // + the grid's overhang < 2^32
   const at::cuda::detail::IntDivider<unsigned> vdiv(idx32 ? static_cast<unsigned>(vcols) : 1u);
   const bool small = small_launch(units);
-  const unsigned blocks = small ? one_shot_blocks(units, 128) : one_shot_blocks(units);
-  const int threads = small ? 128 : kThreads;
+  const unsigned blocks = one_shot_blocks(units, small);
+  const int threads = small ? kSmallThreads : kThreads;
   if (vec && small) {
     elementwise_kernel<N, ROW, T, Out, V, true><<<blocks, threads, 0, stream>>>(op, out, a, b, c, n, cols, vdiv, idx32);
   } else if (vec) {

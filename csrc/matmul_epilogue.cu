@@ -61,10 +61,7 @@ void run(const GemmProblem& p, const at::Tensor& like) {
   using Device = typename G::Device;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = like.device().index();
-  static int sms[64] = {0};
-  if (sms[hw.device_id] == 0)
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms[hw.device_id], cudaDevAttrMultiProcessorCount, hw.device_id));
-  hw.sm_count = sms[hw.device_id];
+  hw.sm_count = sm_count(hw.device_id);
 
   const typename Device::Arguments args = gemm_arguments<G>(p, hw);
 

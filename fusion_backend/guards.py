@@ -237,11 +237,15 @@ def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: 
     def check(s: Site) -> str | None:
         tb = s.tensor(b)
         k, n = (tb.shape[-1], tb.shape[-2]) if linear else (tb.shape[-2], tb.shape[-1])
-        if isinstance(k, int) and isinstance(n, int) and low < k < high and n > 64:
-            return f"K={k} in ({low}, {high}) with N={n} > 64: this epilogue measured slower than Inductor there"
-        if isinstance(k, int) and isinstance(n, int) and k >= top and n > 64:
-            return f"K={k} >= {top} with N={n} > 64: this epilogue measured slower than Inductor there"
-        return None
+        if not (isinstance(k, int) and isinstance(n, int)) or n <= 64:
+            return None
+        if low < k < high:
+            where = f"in ({low}, {high})"
+        elif k >= top:
+            where = f">= {top}"
+        else:
+            return None
+        return f"K={k} {where} with N={n} > 64: this epilogue measured slower than Inductor there"
 
     return Guard(f"matmul_heavy_epilogue_k({b})", check)
 
