@@ -3,7 +3,9 @@ with a device-to-device copy of the same byte count as the bandwidth ceiling. Ge
 
     python benchmarks/bench_patterns.py --out out/ [--dtypes float16,bfloat16] [--patterns quantize]
 
-Per size: ms (median ± std), GB/s (bytes read + written / time), % of copy bandwidth, and speedups. Sizes
+Per size: ms (median ± std), GB/s (bytes read + written / time), % of copy bandwidth, and speedups. Inductor
+and fusekit take turns over --rounds rounds (default 3); their figure is the median of the round medians and
+their ± the spread across rounds, so a drift of clocks or a busy host reaches both sides of the ratio. Sizes
 that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows), as replays of a
 CUDA graph of back-to-back calls, so the GPU time is measured rather than the host's launch overhead;
 larger ones with triton.testing.do_bench, which flushes the L2 before every run. Writes bench.md, bench.json and
@@ -37,10 +39,10 @@ def nbytes(x) -> int:
     return 0
 
 
-def time_hot(fn, reps: int = 50, inner: int = 20) -> list[float]:
+def hot_timer(fn, inner: int = 20):
     """Per-call GPU time with the inputs in L2 (as after their producer): `inner` back-to-back calls
-    captured in one CUDA graph, timed over `reps` replays. Timed call by call instead, a compiled
-    function's host overhead (tens of microseconds) would be all that these sizes measure."""
+    captured in one CUDA graph; the returned function times `reps` replays. Timed call by call instead, a
+    compiled function's host overhead (tens of microseconds) would be all that these sizes measure."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
@@ -54,10 +56,10 @@ def time_hot(fn, reps: int = 50, inner: int = 20) -> list[float]:
                 fn()
     except RuntimeError as e:  # not capturable: call by call (host-bound at these sizes), and say so
         print(f"  (no CUDA graph: {str(e).splitlines()[0][:100]}; timed call by call)", flush=True)
-        return _time_calls(fn, reps * inner // 5)
+        return lambda reps: _time_calls(fn, reps * inner // 5)
     for _ in range(3):
         g.replay()
-    return [t / inner for t in _time_calls(g.replay, reps)]
+    return lambda reps: [t / inner for t in _time_calls(g.replay, reps)]
 
 
 def _time_calls(fn, reps: int) -> list[float]:
@@ -71,11 +73,31 @@ def _time_calls(fn, reps: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def measure(fn, hot: bool) -> tuple[float, float]:
+def timer(fn, hot: bool):
+    """A function of a share (0, 1] of one measurement's budget that returns per-call times (ms): graph
+    replays for L2-resident sizes, else triton.testing.do_bench, which flushes the L2 before every run."""
+    if hot:
+        replays = hot_timer(fn)
+        return lambda share=1.0: replays(max(10, round(50 * share)))
     from triton.testing import do_bench  # here, so the scripts can redraw plots where triton is absent
 
-    ts = time_hot(fn) if hot else do_bench(fn, warmup=25, rep=200, return_mode="all")
+    return lambda share=1.0: do_bench(fn, warmup=25, rep=max(40, round(200 * share)), return_mode="all")
+
+
+def measure(fn, hot: bool) -> tuple[float, float]:
+    ts = timer(fn, hot)()
     return statistics.median(ts), statistics.pstdev(ts)
+
+
+def measure_rounds(fns: dict, hot: bool, rounds: int) -> dict[str, list[float]]:
+    """Per-round medians of each function, the functions taking turns in every round, so that a drift of
+    clocks or a busy host between rounds reaches all of them (the fusekit / Inductor ratio)."""
+    timers = {name: timer(fn, hot) for name, fn in fns.items()}
+    meds = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, t in timers.items():
+            meds[name].append(statistics.median(t(1.0 / rounds)))
+    return meds
 
 
 def case_for(p, n: int) -> tuple:
@@ -108,7 +130,7 @@ def compiled(p, backend: str, fn=None):
     return torch.compile(fn or p.search_fn(), backend=backend, dynamic=False)
 
 
-def run(patterns, dtypes, sizes, out: pathlib.Path) -> list[dict]:
+def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3) -> list[dict]:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows, todo = [], [(p, dt, n) for p in patterns for dt in p.dtypes if dt in dtypes or p.dtypes == (torch.int8,)
                       for n in sizes]
@@ -127,10 +149,13 @@ def run(patterns, dtypes, sizes, out: pathlib.Path) -> list[dict]:
             fk(*args)
         fused = sum(r.sites[p.id] for r in recs) > 0
         res = {"pattern": p.id, "dtype": str(dt)[6:], "numel": math.prod(case_for(p, n)), "bytes": moved,
-               "where": "L2" if hot else "HBM", "fused": fused, "default": p.on_by_default(dt)}
-        for name, fn in (("copy", lambda: dst.copy_(src)), ("eager", lambda: p.eager(*args)),
-                         ("inductor", lambda: ind(*args)), ("fusekit", lambda: fk(*args))):
+               "where": "L2" if hot else "HBM", "fused": fused, "default": p.on_by_default(dt),
+               "fires_by_default": p.on_by_default(dt) and math.prod(case_for(p, n)) >= p.min_numel(dt)}
+        for name, fn in (("copy", lambda: dst.copy_(src)), ("eager", lambda: p.eager(*args))):
             res[name], res[name + "_std"] = measure(fn, hot)
+        for name, meds in measure_rounds({"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, hot,
+                                         rounds).items():  # the median of the rounds; std across them
+            res[name], res[name + "_std"], res[name + "_rounds"] = statistics.median(meds), statistics.pstdev(meds), meds
         res["gbps"] = moved / res["fusekit"] / 1e6
         res["copy_gbps"] = moved / res["copy"] / 1e6
         res["pct_copy"] = 100 * res["copy"] / res["fusekit"]
@@ -152,8 +177,9 @@ def headline_dyn_quant() -> dict:
     args = p.make_args((16384, 4096), torch.float16, "cuda")
     ind, fk = compiled(p, "inductor"), compiled(p, "fusekit")
     ind(*args), fk(*args)
-    t = {k: measure(f, hot=False)[0] for k, f in (("eager", lambda: p.eager(*args)), ("inductor", lambda: ind(*args)),
-                                                 ("fusekit", lambda: fk(*args)))}
+    t = {"eager": measure(lambda: p.eager(*args), hot=False)[0]}
+    t.update({k: statistics.median(m) for k, m in measure_rounds(
+        {"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, hot=False, rounds=5).items()})
     moved = 16384 * 4096 * 3 + 16384 * 4
     return {**t, "speedup_vs_inductor": t["inductor"] / t["fusekit"], "fusekit_gbps": moved / t["fusekit"] / 1e6}
 
@@ -211,6 +237,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float16,bfloat16,float32")
     ap.add_argument("--patterns", default=None, help="comma-separated ids or families")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved Inductor/fusekit rounds per row")
     a = ap.parse_args()
     out, device = gpu_output("bench_patterns", a.out)
     ids = registry.select(a.patterns.split(",") if a.patterns else None)
@@ -218,13 +245,17 @@ def main() -> None:
             and registry.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
     dtypes = {getattr(torch, d) for d in a.dtypes.split(",")}
     print(f"{device}: {len(pats)} patterns", flush=True)
-    rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out)
+    rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out, a.rounds)
     head = headline_dyn_quant() if any(p.id == "quantize.dyn_quant_i8" for p in pats) else {}
     save(out, "bench", {"device": device, "rows": rows, "dyn_quant_headline": head}, markdown(rows, head, device),
          lambda path: plot(rows, path))
     worst = sorted(rows, key=lambda r: r["vs_inductor"])[:8]
     print("\nslowest vs Inductor:", *[f"  {r['pattern']} {r['dtype']} {r['numel']:,}: {r['vs_inductor']:.2f}x"
                                      for r in worst], sep="\n")
+    slower = [r for r in rows if r["fires_by_default"] and r["vs_inductor"] < 1.0]
+    print(f"rows where a rule fires by default: {sum(r['fires_by_default'] for r in rows)}; slower than Inductor:",
+          *[f"  {r['pattern']} {r['dtype']} {r['numel']:,}: fk/ind {1 / r['vs_inductor']:.3f} rounds ind "
+            f"{r['inductor_rounds']} fk {r['fusekit_rounds']}" for r in slower] or ["  none"], sep="\n")
     big = [r for r in rows if r["numel"] >= 16_000_000]
     if big:
         print(f"min % of copy at >=16M elements: {min(r['pct_copy'] for r in big):.1f}%")

@@ -26,7 +26,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--patterns", default=",".join(i.split(".")[1] for i in IDS), help="comma-separated names")
     a = ap.parse_args()
+    ids = [f"quantize.{n}" for n in a.patterns.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("bench_quant_hbm needs a CUDA GPU")
     from triton.testing import do_bench  # CUDA builds of torch only
@@ -36,7 +38,7 @@ def main() -> None:
             setattr(torch._dynamo.config, name, 1024)
     res: dict[tuple, dict] = {}
     for rnd in range(a.rounds):
-        for pid in IDS:
+        for pid in ids:
             p = registry.by_id(pid)
             for dt in (torch.float16, torch.bfloat16):
                 for n in SIZES:

@@ -112,8 +112,10 @@ __device__ __forceinline__ float rnd(float f) {
 template <typename T>
 __device__ __forceinline__ void rnd2(float& a, float& b) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const float2 f = __bfloat1622float2(__float22bfloat162_rn(make_float2(a, b)));
-    a = f.x, b = f.y;
+    // unpacked with a shift and a mask: __bfloat1622float2 spends a PRMT and a shift on the high half
+    const __nv_bfloat162 h = __float22bfloat162_rn(make_float2(a, b));
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(&h);
+    a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
   } else if constexpr (std::is_same_v<T, c10::Half>) {
     const float2 f = __half22float2(__float22half2_rn(make_float2(a, b)));
     a = f.x, b = f.y;
@@ -131,9 +133,11 @@ __device__ __forceinline__ float2 map2(F f, A... a) {
   return make_float2(f(a.x...), f(a.y...));
 }
 
-// An op with `static constexpr bool kPairs = true` also defines pair(a, b, out_a, out_b) for two
-// neighbouring elements: kernels that round to a 16-bit type between steps (eager's semantics) then
-// round two values per conversion instruction (see rnd2).
+// An op with a 1-byte output and `static constexpr bool kPairs = true` also defines
+// `uint16_t pair(const float2 (&v)[N])`: two neighbouring elements in (converted by the engine from the held
+// words, see Held::pair), their two output bytes out, low byte first. Kernels that round to a 16-bit type
+// between steps (eager's semantics) then round two values per conversion instruction (see rnd2), and the
+// bytes are packed as words rather than assembled byte by byte.
 template <typename Op, typename = void>
 struct has_pair : std::false_type {};
 template <typename Op>
@@ -185,6 +189,21 @@ struct Held<c10::BFloat16, V, std::enable_if_t<V % 2 == 0>> {
   }
 };
 
+// A held vector as V floats, converted pair by pair (bf16: a shift and a mask per pair of elements).
+template <typename T, int V>
+__device__ __forceinline__ void to_floats(const Held<T, V>& v, float (&xf)[V]) {
+  if constexpr (V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      const float2 f = v.pair(j);
+      xf[j] = f.x, xf[j + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(v.elem(j));
+  }
+}
+
 // One element through the engine's per-element call: a float2 op sees it twice (tails, unaligned views).
 template <typename T, typename Out, int N, typename Op>
 __device__ __forceinline__ Out apply1(const Op& op, const T (&vals)[N]) {
@@ -234,6 +253,19 @@ __global__ void __launch_bounds__(Small ? kSmallThreads : kThreads) elementwise_
   for (int u = 0; u < kVecsPerThread; ++u) {
     const int64_t i = base + u * kThreads;
     if (i < nvec) {
+      if constexpr (has_pair<Op>::value && V % 2 == 0) {
+        static_assert(sizeof(Out) == 1, "kPairs ops write one byte per element");
+        Vec<uint16_t, V / 2> w;
+#pragma unroll
+        for (int j = 0; j < V; j += 2) {
+          float2 f[N];
+#pragma unroll
+          for (int k = 0; k < N; ++k) f[k] = x[u][k].pair(j);
+          w.v[j / 2] = op.pair(f);
+        }
+        reinterpret_cast<Vec<uint16_t, V / 2>*>(out)[i] = w;
+        continue;
+      }
       Vec<Out, V> o;
       if constexpr (is_float2_op<Op>::value && V % 2 == 0) {
 #pragma unroll
@@ -242,14 +274,6 @@ __global__ void __launch_bounds__(Small ? kSmallThreads : kThreads) elementwise_
 #pragma unroll
           for (int k = 0; k < N; ++k) f[k] = x[u][k].pair(j);
           store2(&o.v[j], op(f));
-        }
-      } else if constexpr (has_pair<Op>::value && V % 2 == 0) {
-#pragma unroll
-        for (int j = 0; j < V; j += 2) {
-          T va[N], vb[N];
-#pragma unroll
-          for (int k = 0; k < N; ++k) va[k] = x[u][k].elem(j), vb[k] = x[u][k].elem(j + 1);
-          op.pair(va, vb, o.v[j], o.v[j + 1]);
         }
       } else {
 #pragma unroll
@@ -323,6 +347,18 @@ __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t b0, uint32_t b1, uin
 __device__ __forceinline__ int8_t round_to_i8(float t, float qmin, float qmax) {
   if (isnan(t)) return 0;
   return static_cast<int8_t>(round_bits(fminf(fmaxf(t, qmin), qmax)) & 0xffu);
+}
+// The same as a word whose low byte is the int8, for packing (pack2_low_bytes). A select rather than an
+// early return: in static INT8's bf16 pairs, the branch made ptxas predicate the clamp and reload qmin/qmax
+// per element (SASS). (The per-row kernels keep round_to_i8 in their rare exact path: with i8_bits there,
+// ptxas scheduled their main loop differently and bf16 dyn_quant_i8 measured ~5% slower at 50M.)
+__device__ __forceinline__ uint32_t i8_bits(float t, float qmin, float qmax) {
+  const uint32_t b = round_bits(fminf(fmaxf(t, qmin), qmax));
+  return isnan(t) ? 0u : b;
+}
+// Two int8s (the low bytes of i8_bits words a, b) as one 16-bit value, a in the low byte.
+__device__ __forceinline__ uint16_t pack2_low_bytes(uint32_t a, uint32_t b) {
+  return static_cast<uint16_t>(__byte_perm(a, b, 0x0040));
 }
 
 // Float math shared by the activation kernels (eager's formulas, evaluated in float32).

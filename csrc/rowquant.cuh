@@ -89,19 +89,6 @@ __device__ __forceinline__ void absmax_update(const Held<c10::BFloat16, V>& h, f
 // than every rounding error in play), and rounding is monotone, so where both ends give one value, eager's
 // rounded x / s gives it too. That costs two FMAs per element instead of a division: the fp16 kernel was
 // issue-bound (0.072 -> 0.054 ms at [16384, 4096] in a standalone probe on an H200, copy floor 0.049 ms).
-template <typename T, int V>
-__device__ __forceinline__ void to_floats(const Held<T, V>& v, float (&xf)[V]) {
-  if constexpr (V % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < V; j += 2) {
-      const float2 f = v.pair(j);
-      xf[j] = f.x, xf[j + 1] = f.y;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(v.elem(j));
-  }
-}
 
 // The rare vector whose bracket does not decide, and rows with a NaN/inf/subnormal scale: eager's division
 // per element. Out of line: joined with the fast path, the fast path's packed words were taken apart into
