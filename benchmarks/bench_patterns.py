@@ -8,7 +8,8 @@ and fusekit take turns over --rounds rounds (default 3); their figure is the med
 their ± the spread across rounds, so a drift of clocks or a busy host reaches both sides of the ratio. Sizes
 that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows), as replays of a
 CUDA graph of back-to-back calls, so the GPU time is measured rather than the host's launch overhead;
-larger ones with triton.testing.do_bench, which flushes the L2 before every run. Writes bench.md, bench.json and
+larger ones with triton.testing.do_bench, which flushes the L2 before every run, over replays of a
+one-call CUDA graph (a compiled call's host work could otherwise outlast the flush and be timed). Writes bench.md, bench.json and
 bench.png (speedup over Inductor and % of copy bandwidth per pattern).
 """
 from __future__ import annotations
@@ -39,13 +40,12 @@ def nbytes(x) -> int:
     return 0
 
 
-def hot_timer(fn, inner: int = 20):
-    """Per-call GPU time with the inputs in L2 (as after their producer): `inner` back-to-back calls
-    captured in one CUDA graph; the returned function times `reps` replays. Timed call by call instead, a
-    compiled function's host overhead (tens of microseconds) would be all that these sizes measure."""
+def graph_of(fn, inner: int):
+    """A CUDA graph of `inner` back-to-back calls of fn (warmed up off the default stream, as
+    torch.cuda.graphs asks), or None, with a note, where fn cannot be captured."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
+    with torch.cuda.stream(side):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
@@ -54,11 +54,21 @@ def hot_timer(fn, inner: int = 20):
         with torch.cuda.graph(g):
             for _ in range(inner):
                 fn()
-    except RuntimeError as e:  # not capturable: call by call (host-bound at these sizes), and say so
+    except RuntimeError as e:
         print(f"  (no CUDA graph: {str(e).splitlines()[0][:100]}; timed call by call)", flush=True)
-        return lambda reps: _time_calls(fn, reps * inner // 5)
+        return None
     for _ in range(3):
         g.replay()
+    return g
+
+
+def hot_timer(fn, inner: int = 20):
+    """Per-call GPU time with the inputs in L2 (as after their producer): `inner` back-to-back calls in one
+    CUDA graph; the returned function times `reps` replays. Timed call by call instead, a compiled
+    function's host overhead (tens of microseconds) would be all that these sizes measure."""
+    g = graph_of(fn, inner)
+    if g is None:  # call by call: host-bound at these sizes
+        return lambda reps: _time_calls(fn, reps * inner // 5)
     return lambda reps: [t / inner for t in _time_calls(g.replay, reps)]
 
 
@@ -81,7 +91,11 @@ def timer(fn, hot: bool):
         return lambda share=1.0: replays(max(10, round(50 * share)))
     from triton.testing import do_bench  # here, so the scripts can redraw plots where triton is absent
 
-    return lambda share=1.0: do_bench(fn, warmup=25, rep=max(40, round(200 * share)), return_mode="all")
+    # One call per graph replay: a compiled call's host work (guards, launches: tens of microseconds, more on
+    # a busy host) can outlast do_bench's L2 flush and then lands in the timed interval, one launch cannot.
+    g = graph_of(fn, 1)
+    run = g.replay if g is not None else fn
+    return lambda share=1.0: do_bench(run, warmup=25, rep=max(40, round(200 * share)), return_mode="all")
 
 
 def measure(fn, hot: bool) -> tuple[float, float]:
