@@ -9,8 +9,9 @@ their ± the spread across rounds, so a drift of clocks or a busy host reaches b
 that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows), as replays of a
 CUDA graph of back-to-back calls, so the GPU time is measured rather than the host's launch overhead;
 larger ones with triton.testing.do_bench, which flushes the L2 before every run, over replays of a
-one-call CUDA graph (a compiled call's host work could otherwise outlast the flush and be timed). Writes bench.md, bench.json and
-bench.png (speedup over Inductor and % of copy bandwidth per pattern).
+one-call CUDA graph (a compiled call's host work could otherwise outlast the flush and be timed); the copy
+there is timed as called. Writes bench.md, bench.json and bench.png (speedup over Inductor and % of copy
+bandwidth per pattern).
 """
 from __future__ import annotations
 
@@ -163,9 +164,10 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3) -> list[dic
             fk = compiled(p, "fusekit")
             fk(*args)
         fused = sum(r.sites[p.id] for r in recs) > 0
-        res = {"pattern": p.id, "dtype": str(dt)[6:], "numel": math.prod(case_for(p, n)), "bytes": moved,
+        numel = math.prod(case_for(p, n))
+        res = {"pattern": p.id, "dtype": str(dt)[6:], "numel": numel, "bytes": moved,
                "where": "L2" if hot else "HBM", "fused": fused, "default": p.on_by_default(dt),
-               "fires_by_default": p.on_by_default(dt) and math.prod(case_for(p, n)) >= p.min_numel(dt)}
+               "fires_by_default": p.on_by_default(dt) and numel >= p.min_numel(dt)}
         # The copy at HBM sizes is timed as called: in a CUDA graph, a device-to-device copy becomes a memcpy
         # node that ran at 60-75% of the called copy's speed at some sizes (session 9), which would inflate
         # every kernel's % of copy. Its launch (a few us) never outlasts do_bench's L2 flush.
@@ -173,7 +175,8 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3) -> list[dic
         res["eager"], res["eager_std"] = measure(lambda: p.eager(*args), hot)
         for name, meds in measure_rounds({"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, hot,
                                          rounds).items():  # the median of the rounds; std across them
-            res[name], res[name + "_std"], res[name + "_rounds"] = statistics.median(meds), statistics.pstdev(meds), meds
+            res[name], res[name + "_std"] = statistics.median(meds), statistics.pstdev(meds)
+            res[name + "_rounds"] = meds
         res["gbps"] = moved / res["fusekit"] / 1e6
         res["copy_gbps"] = moved / res["copy"] / 1e6
         res["pct_copy"] = 100 * res["copy"] / res["fusekit"]
