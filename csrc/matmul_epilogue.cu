@@ -86,7 +86,8 @@ using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
 // tiles; long K (>= 512, or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under
-// longer MMAs) ping-pong 128x128; the rest cooperative 128x128 with 128x64 epilogue steps. Without a
+// longer MMAs) ping-pong 128x128, and so does a short K without activation or residual; the rest
+// cooperative 128x128 with 128x64 epilogue steps. Without a
 // residual the kernels have no C operand (void C: CUTLASS delays each TMA store to overlap the next step's
 // math, and frees the C buffers); ping-pong then takes 64x128 epilogue steps for GELU/SiLU, 64x64 otherwise.
 // From bench_matmul and two probes of CUTLASS configurations on an H200 (benchmarks/NOTES.md), e.g. bmm +
@@ -95,8 +96,15 @@ using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 template <class Element, class LayoutB, bool kC>
 void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
   const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
-  if (p.N <= 64) run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto, kC>>(p, like);
-  else if (p.K >= (light_epilogue ? 512 : 1024)) {
+  if (p.N <= 64) return run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto, kC>>(p, like);
+  if constexpr (!kC) {
+    // No activation at short K (bmm, * scale, + bias): ping-pong with 64x128 steps, whose stores overlap the
+    // other warpgroup's tile. [96,512,64,512] plain: 0.0293 -> 0.0258 ms (cuBLAS 0.0222; session 10's probe
+    // set 3 in benchmarks/probes/matmul_configs.cu). With a GELU epilogue the same kernel took 0.0647 ms.
+    if (p.act == kNone && p.K < 512)
+      return run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _128>, kC>>(p, like);
+  }
+  if (p.K >= (light_epilogue ? 512 : 1024)) {
     if constexpr (!kC) {
       if (!light_epilogue) return run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _128>, kC>>(p, like);
     }

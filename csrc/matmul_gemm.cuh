@@ -76,9 +76,10 @@ struct RuntimeAct<cutlass::Array<T, N>> {
 // epilogue schedules, and the epilogue's sub-tile (EpilogueTileAuto: CUTLASS's choice). fp32 accumulation;
 // the epilogue is act(alpha acc + beta C + per-column bias), 16-byte aligned operands.
 // ElementC = void: no C operand (beta must be 0): no C buffers in shared memory, and CUTLASS then delays each
-// TMA store to overlap it with the next sub-tile's math (DelayTmaStore).
+// TMA store to overlap it with the next sub-tile's math (DelayTmaStore). kStages: the mainloop's pipeline
+// depth; 0: as many as fit beside the epilogue's shared memory.
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
-          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element>
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element, int kStages = 0>
 struct GemmConfig {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
@@ -91,7 +92,10 @@ struct GemmConfig {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
       Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      std::conditional_t<kStages == 0,
+                         cutlass::gemm::collective::StageCountAutoCarveout<
+                             static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+                         cutlass::gemm::collective::StageCount<kStages>>,
       MainSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;

@@ -76,17 +76,20 @@ __device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float,
 // the per-column scale and zp vectors are loaded once for R rows, the row/column split is one 32-bit
 // multiply-shift per thread (IntDivider), and all R loads are issued before any math. The first version
 // (one vector per thread, a 64-bit division or modulo per vector, scale/zp reloaded per vector) ran at
-// 67-89% of copy (benchmarks/NOTES.md).
+// 67-89% of copy (benchmarks/NOTES.md). Blocks of 128 threads rather than 256, at 20M elements on an H200
+// (benchmarks/probes/hbm_launch_shapes.cu): per column fp16 0.0208 -> 0.0205 ms, bf16 0.0210 -> 0.0207 ms;
+// per row bf16 0.0205 -> 0.0203 ms (copy of the same bytes: 0.0192 ms).
 constexpr int kChannelRows = 4;
+constexpr int kChannelThreads = 128;
 
 template <typename T, int V, bool PER_ROW>
-__global__ void __launch_bounds__(kThreads) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
+__global__ void __launch_bounds__(kChannelThreads) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
                                                                  const float* __restrict__ zp, int8_t* __restrict__ q,
                                                                  int64_t rows, int64_t vcols,
                                                                  at::cuda::detail::IntDivider<unsigned> vdiv,
                                                                  float qmin, float qmax) {
   constexpr int R = kChannelRows;
-  const auto dm = vdiv.divmod(blockIdx.x * kThreads + threadIdx.x);  // < 2^32 threads (host checks)
+  const auto dm = vdiv.divmod(blockIdx.x * kChannelThreads + threadIdx.x);  // < 2^32 threads (host checks)
   const int64_t cv = dm.mod, r0 = int64_t(dm.div) * R;
   if (r0 >= rows) return;
   Held<T, V> h[R];
@@ -177,15 +180,15 @@ at::Tensor quant_i8_channel_cuda(const at::Tensor& x, const at::Tensor& scale, c
     auto* qp = q.data_ptr<int8_t>();
     const int64_t rows = x.size(0), vcols = cols / V;
     const int64_t threads = vcols * ((rows + kChannelRows - 1) / kChannelRows);
-    const int64_t blocks = (threads + kThreads - 1) / kThreads;
+    const int64_t blocks = (threads + kChannelThreads - 1) / kChannelThreads;
     const bool vec = cols % V == 0 && aligned16(xp) && reinterpret_cast<uintptr_t>(sp) % (4 * V) == 0 &&
-                     reinterpret_cast<uintptr_t>(zpp) % (4 * V) == 0 && blocks * kThreads <= UINT32_MAX;
+                     reinterpret_cast<uintptr_t>(zpp) % (4 * V) == 0 && blocks * kChannelThreads <= UINT32_MAX;
     const float lo = float(qmin), hi = float(qmax);
     const at::cuda::detail::IntDivider<unsigned> vdiv(vec ? static_cast<unsigned>(vcols) : 1u);
     if (vec && per_row)
-      quant_channel_kernel<scalar_t, V, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(xp, sp, zpp, qp, rows, vcols, vdiv, lo, hi);
+      quant_channel_kernel<scalar_t, V, true><<<static_cast<unsigned>(blocks), kChannelThreads, 0, stream>>>(xp, sp, zpp, qp, rows, vcols, vdiv, lo, hi);
     else if (vec)
-      quant_channel_kernel<scalar_t, V, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(xp, sp, zpp, qp, rows, vcols, vdiv, lo, hi);
+      quant_channel_kernel<scalar_t, V, false><<<static_cast<unsigned>(blocks), kChannelThreads, 0, stream>>>(xp, sp, zpp, qp, rows, vcols, vdiv, lo, hi);
     else if (per_row)
       quant_channel_scalar_kernel<scalar_t, true><<<blocks_for(n), kThreads, 0, stream>>>(xp, sp, zpp, qp, n, cols, lo, hi);
     else

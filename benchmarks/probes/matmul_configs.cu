@@ -1,9 +1,9 @@
 // A torch-free probe of CUTLASS sm90 GEMM + epilogue configurations (tile, cluster, schedule, epilogue step)
 // for csrc/matmul_epilogue.cu's dispatch: each set builds one shared library on a machine with no GPU, and
 // matmul_configs.py times it on the GPU through ctypes, next to cuBLAS and Inductor, with no build there.
-//   CU=<cutlass>/include; for s in 0 1 2; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
+//   CU=<cutlass>/include; for s in 0 1 2 3; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
 //     -I$CU -I../../csrc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC; done
-//   python matmul_configs.py mm0.so mm1.so mm2.so      # result: benchmarks/results/h200_matmul_configs.txt
+//   python matmul_configs.py mm0.so mm1.so mm2.so mm3.so   # result: benchmarks/results/h200_matmul_configs.txt
 // The epilogue is the kernel's (csrc/matmul_gemm.cuh: LinCombPerColBiasEltAct, runtime activation, SFU forms).
 #define NDEBUG 1
 #include <cassert>
@@ -14,8 +14,14 @@ using namespace cute;
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
 using Gemm = fusekit::GemmConfig<Element, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile>;
+// no C operand (as the kernel without a residual) and a fixed pipeline depth (0: as many as fit)
+template <class Tile, class MainSched, class EpiSched, class EpiTile, int kStages>
+using GemmV = fusekit::GemmConfig<cutlass::half_t, cutlass::layout::RowMajor, Tile, Shape<_1, _1, _1>, MainSched,
+                                  EpiSched, EpiTile, void, kStages>;
 
 using PP = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using WS = cutlass::gemm::KernelTmaWarpSpecialized;  // not persistent: one CTA per tile, several per SM
+using EA = cutlass::epilogue::collective::EpilogueTileAuto;
 using CO = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EPP = cutlass::epilogue::TmaWarpSpecialized;
 using ECO = cutlass::epilogue::TmaWarpSpecializedCooperative;
@@ -66,6 +72,16 @@ static Variant kVariants[] = {
     {"co256x64x64", &run<Gemm<H, RM, Shape<_256, _64, _64>, C1, CO, ECO>>},
     {"co128x64x64_c21", &run<Gemm<H, RM, Shape<_128, _64, _64>, C21, CO, ECO>>},
     {"pp64x64x128", &run<Gemm<H, RM, Shape<_64, _64, _128>, C1, PP, EPP>>},
+#elif FK_PROBE_SET == 3  // session 10: void C, not-persistent kernels with a fixed depth vs the kernel's choices
+    {"prod co128x64x64_void", &run<GemmV<Shape<_128, _64, _64>, CO, ECO, EA, 0>>},
+    {"prod co128x128x64_et128x64_void", &run<GemmV<Shape<_128, _128, _64>, CO, ECO, Shape<_128, _64>, 0>>},
+    {"prod pp128x128x64_et64x128_void", &run<GemmV<Shape<_128, _128, _64>, PP, EPP, Shape<_64, _128>, 0>>},
+    {"ws128x128x64_s2", &run<GemmV<Shape<_128, _128, _64>, WS, EPP, EA, 2>>},
+    {"ws128x128x64_s3", &run<GemmV<Shape<_128, _128, _64>, WS, EPP, EA, 3>>},
+    {"ws128x64x64_s4", &run<GemmV<Shape<_128, _64, _64>, WS, EPP, EA, 4>>},
+    {"ws128x64x128_s2", &run<GemmV<Shape<_128, _64, _128>, WS, EPP, EA, 2>>},
+    {"ws64x128x64_s3", &run<GemmV<Shape<_64, _128, _64>, WS, EPP, EA, 3>>},
+    {"co128x64x64_void_s4", &run<GemmV<Shape<_128, _64, _64>, CO, ECO, EA, 4>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},

@@ -1,0 +1,368 @@
+// A torch-free-at-runtime probe of launch shapes for the 1-byte-output kernels at HBM sizes (20M and 50M
+// elements, rows of 4096): static INT8 / FP8 (csrc/fusekit.h's elementwise engine) and per-row / per-column
+// INT8 (csrc/quant_i8_channel.cu), the kernels of csrc/ themselves next to variants (threads per block,
+// vectors or rows per thread, a grid-stride loop), a pure 16-byte copy kernel and cudaMemcpy, all timed the
+// same way in one process: L2 flushed by a 256 MB memset, events around each launch, the median of `reps`
+// launches, `rounds` interleaved rounds (the figure is their median), and one-call CUDA-graph replays of
+// some. Every variant's output is compared byte for byte with its csrc kernel's ("MISMATCH" lines).
+// The csrc kernel files are included whole (their op registration is compiled out below); only c10/ATen
+// headers and libraries are needed, no GPU to build:
+//   PY=python3 CSRC=csrc; TI=$($PY -c "from torch.utils.cpp_extension import include_paths; \
+//     print(' '.join('-I'+p for p in include_paths('cuda')))"); TL=$($PY -c "import torch, os; \
+//     print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+//   nvcc -O3 -std=c++20 hbm_launch_shapes.cu -o hbm_probe $TI -I$CSRC --expt-relaxed-constexpr \
+//     -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
+//     -D__CUDA_NO_HALF2_OPERATORS__ -gencode=arch=compute_90a,code=sm_90a -D_GLIBCXX_USE_CXX11_ABI=1 \
+//     -L$TL -lc10 -lc10_cuda -ltorch_cpu -ltorch_cuda -ltorch -Xlinker -rpath=$TL
+//   ./hbm_probe [rounds=5] [reps=60]        # result: benchmarks/results/h200_hbm_probe.txt
+// -DFK_PROBE_256: build against csrc as it was before 128-thread blocks (session 9's files, CSRC=<that dir>).
+#include "fusekit.h"
+#undef TORCH_LIBRARY_IMPL
+#define TORCH_LIBRARY_IMPL(ns, k, m) [[maybe_unused]] static void C10_CONCATENATE(fkp_unused_, C10_UID)(torch::Library & m)
+#include "quant_fp8.cu"
+#include "quant_i8.cu"
+#include "quant_i8_channel.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e = (x);                                                                           \
+    if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } \
+  } while (0)
+
+namespace fusekit {
+
+// The engine's vector path for one input (N = 1, ROW = 0), VPT vectors per thread, TH threads; GS: a
+// grid-stride loop over a grid of SMs x (2048 / TH) blocks instead of one-shot blocks. n % V == 0 here.
+template <int VPT, int TH, bool GS, typename T, typename Out, int V, typename Op>
+__global__ void __launch_bounds__(TH) ew(Op op, Out* __restrict__ out, const T* __restrict__ a, int64_t n) {
+  const int64_t nvec = n / V;
+  const int64_t step = GS ? int64_t(gridDim.x) * VPT * TH : 0;
+  for (int64_t base = int64_t(blockIdx.x) * VPT * TH + threadIdx.x; base < nvec; base += step) {
+    Held<T, V> x[VPT];
+#pragma unroll
+    for (int u = 0; u < VPT; ++u)
+      if (base + u * TH < nvec) x[u].load(a, base + u * TH);
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+      const int64_t i = base + u * TH;
+      if (i >= nvec) continue;
+      if constexpr (has_pair<Op>::value) {
+        Vec<uint16_t, V / 2> w;
+#pragma unroll
+        for (int j = 0; j < V; j += 2) {
+          float2 f[1] = {x[u].pair(j)};
+          w.v[j / 2] = op.pair(f);
+        }
+        reinterpret_cast<Vec<uint16_t, V / 2>*>(out)[i] = w;
+      } else {
+        Vec<Out, V> o;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          T vals[1] = {x[u].elem(j)};
+          o.v[j] = apply1<T, Out>(op, vals);
+        }
+        reinterpret_cast<Vec<Out, V>*>(out)[i] = o;
+      }
+    }
+    if (!GS) break;
+  }
+}
+
+// A pure copy with the engine's one-shot structure: VPT 16-byte vectors per thread.
+template <int VPT, int TH>
+__global__ void __launch_bounds__(TH) copy16(uint4* __restrict__ dst, const uint4* __restrict__ src, int64_t nvec) {
+  const int64_t base = int64_t(blockIdx.x) * VPT * TH + threadIdx.x;
+  uint4 x[VPT];
+#pragma unroll
+  for (int u = 0; u < VPT; ++u)
+    if (base + u * TH < nvec) x[u] = src[base + u * TH];
+#pragma unroll
+  for (int u = 0; u < VPT; ++u)
+    if (base + u * TH < nvec) dst[base + u * TH] = x[u];
+}
+
+// quant_channel_kernel (as in csrc/ at session 10's start) with the thread count, rows per thread and a minimum
+// of resident blocks as parameters.
+template <typename T, int V, int TH, int R, int MINB, bool PER_ROW = false>
+__global__ void __launch_bounds__(TH, MINB) chan(const T* __restrict__ x, const float* __restrict__ scale,
+                                                 const float* __restrict__ zp, int8_t* __restrict__ q, int64_t rows,
+                                                 int64_t vcols, at::cuda::detail::IntDivider<unsigned> vdiv, float qmin,
+                                                 float qmax) {
+  const auto dm = vdiv.divmod(blockIdx.x * TH + threadIdx.x);
+  const int64_t cv = dm.mod, r0 = int64_t(dm.div) * R;
+  if (r0 >= rows) return;
+  Held<T, V> h[R];
+#pragma unroll
+  for (int u = 0; u < R; ++u)
+    if (r0 + u < rows) h[u].load(x, (r0 + u) * vcols + cv);
+  auto store_rows = [&](auto&& quant) {
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      if (r0 + u < rows) {
+        float xf[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
+        quant(u, xf, reinterpret_cast<Vec<int8_t, V>*>(q) + (r0 + u) * vcols + cv);
+      }
+    }
+  };
+  if constexpr (PER_ROW) {
+    Vec<float, 1> s[R], z[R];
+    float r[R][1];
+    bool s_ok[R];
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      if (r0 + u < rows) {
+        s[u].v[0] = scale[r0 + u], z[u].v[0] = zp[r0 + u];
+        r[u][0] = div_rn_recip(s[u].v[0]);
+        s_ok[u] = div_rn_divisor_ok(s[u].v[0]) && !isnan(z[u].v[0]);
+      }
+    }
+    store_rows([&](int u, const float (&xf)[V], Vec<int8_t, V>* dst) {
+      quant_vec<V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax, dst);
+    });
+  } else {
+    const Vec<float, V> sv = reinterpret_cast<const Vec<float, V>*>(scale)[cv];
+    const Vec<float, V> zv = reinterpret_cast<const Vec<float, V>*>(zp)[cv];
+    float r[V];
+    bool s_ok = true;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      r[j] = div_rn_recip(sv.v[j]);
+      s_ok &= div_rn_divisor_ok(sv.v[j]) && !isnan(zv.v[j]);
+    }
+    store_rows([&](int, const float (&xf)[V], Vec<int8_t, V>* dst) {
+      quant_vec<V, V>(xf, sv, r, zv, s_ok, qmin, qmax, dst);
+    });
+  }
+}
+
+}  // namespace fusekit
+
+using namespace fusekit;
+
+static cudaStream_t g_st;  // every launch, the flush and the events
+
+struct Timer {
+  cudaEvent_t a, b;
+  void* flush;
+  Timer() {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaMalloc(&flush, 256 << 20));
+  }
+  float median(const std::function<void()>& fn, int reps) {
+    std::vector<float> t;
+    for (int i = 0; i < reps + 3; ++i) {
+      CK(cudaMemsetAsync(flush, i & 0xff, 256 << 20, g_st));
+      CK(cudaEventRecord(a, g_st));
+      fn();
+      CK(cudaEventRecord(b, g_st));
+      CK(cudaEventSynchronize(b));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      if (i >= 3) t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+static int g_sms = 0;
+
+template <int VPT, int TH, bool GS, typename T, typename Out, typename Op>
+std::function<void()> ew_launch(Op op, Out* out, const T* x, int64_t n) {
+  constexpr int V = vec_width<T, Out>();
+  const int64_t nvec = n / V;
+  const unsigned blocks = GS ? unsigned(g_sms * (2048 / TH)) : unsigned((nvec + VPT * TH - 1) / (VPT * TH));
+  return [=] { ew<VPT, TH, GS, T, Out, V><<<blocks, TH, 0, g_st>>>(op, out, x, n); };
+}
+
+template <typename T, typename Out, typename Op>
+std::function<void()> real_launch(Op op, Out* out, const T* x, int64_t n) {
+  // launch_elementwise's choice at these sizes (vector path, full-size blocks), on g_st
+  constexpr int V = vec_width<T, Out>();
+#ifdef FK_PROBE_256
+  constexpr int th = kThreads;
+  const unsigned blocks = one_shot_blocks(n / V);
+#else
+  constexpr int th = block_threads<Out>();
+  const unsigned blocks = one_shot_blocks(n / V, false, th);
+#endif
+  const at::cuda::detail::IntDivider<unsigned> one(1u);
+  return [=] {
+    elementwise_kernel<1, 0, T, Out, V, false><<<blocks, th, 0, g_st>>>(op, out, x, nullptr, nullptr, n, 1, one, false);
+  };
+}
+
+template <typename T, int TH, int R, int MINB, bool PER_ROW = false>
+std::function<void()> chan_launch(const T* x, const float* s, const float* z, int8_t* q, int64_t rows, int64_t cols) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t vcols = cols / V;
+  const int64_t threads = vcols * ((rows + R - 1) / R);
+  const unsigned blocks = unsigned((threads + TH - 1) / TH);
+  const at::cuda::detail::IntDivider<unsigned> vdiv(static_cast<unsigned>(vcols));
+  return [=] { chan<T, V, TH, R, MINB, PER_ROW><<<blocks, TH, 0, g_st>>>(x, s, z, q, rows, vcols, vdiv, -128.f, 127.f); };
+}
+
+#ifdef FK_PROBE_256
+constexpr int kChanTh = kThreads;  // csrc before 128-thread blocks
+#else
+constexpr int kChanTh = kChannelThreads;
+#endif
+template <typename T, bool PER_ROW = false>
+std::function<void()> chan_real(const T* x, const float* s, const float* z, int8_t* q, int64_t rows, int64_t cols) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t vcols = cols / V;
+  const int64_t threads = vcols * ((rows + kChannelRows - 1) / kChannelRows);
+  const unsigned blocks = unsigned((threads + kChanTh - 1) / kChanTh);
+  const at::cuda::detail::IntDivider<unsigned> vdiv(static_cast<unsigned>(vcols));
+  return [=] { quant_channel_kernel<T, V, PER_ROW><<<blocks, kChanTh, 0, g_st>>>(x, s, z, q, rows, vcols, vdiv, -128.f, 127.f); };
+}
+
+// fn captured once into a CUDA graph on g_st; the returned function replays it
+std::function<void()> graphed(const std::function<void()>& fn) {
+  cudaGraph_t gr;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(g_st, cudaStreamCaptureModeRelaxed));
+  fn();
+  CK(cudaStreamEndCapture(g_st, &gr));
+  CK(cudaGraphInstantiate(&ge, gr, 0));
+  return [=] { CK(cudaGraphLaunch(ge, g_st)); };
+}
+
+template <typename T>
+void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rounds, int reps,
+               std::map<std::string, std::vector<float>>& res) {
+  const int64_t n = rows * cols;
+  std::mt19937 g(1);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<T> xh(n);
+  for (int64_t i = 0; i < n; ++i) xh[i] = static_cast<T>(nd(g));
+  const int64_t ns = std::max(rows, cols);  // per column [cols], per row [rows]
+  std::vector<float> sh(ns), zh(ns);
+  std::uniform_real_distribution<float> us(0.01f, 0.05f);
+  for (int64_t c = 0; c < ns; ++c) sh[c] = us(g), zh[c] = float(int(c % 7) - 3);
+  T* x;
+  float *s, *z;
+  int8_t *q0, *q1;
+  void *c1, *c2;
+  CK(cudaMalloc(&x, n * sizeof(T)));
+  CK(cudaMalloc(&s, ns * 4));
+  CK(cudaMalloc(&z, ns * 4));
+  CK(cudaMalloc(&q0, n));
+  CK(cudaMalloc(&q1, n));
+  const int64_t moved = n * (sizeof(T) + 1), half = moved / 2;
+  CK(cudaMalloc(&c1, half));
+  CK(cudaMalloc(&c2, half));
+  CK(cudaMemcpy(x, xh.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(s, sh.data(), ns * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(z, zh.data(), ns * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(c1, 1, half));
+
+  ScalarArg sa, za;
+  sa.value = 0.05f, za.value = 3.f;
+  QuantI8<T, false> qi8{sa, za, -128.f, 127.f, 1.0f / 0.05f};
+  QuantFp8<T> qf8{sa};
+  auto* q1u = reinterpret_cast<uint8_t*>(q1);
+  auto* q0u = reinterpret_cast<uint8_t*>(q0);
+  const int64_t nv16 = half / 16;
+  std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {"memcpy", [=] { CK(cudaMemcpyAsync(c2, c1, half, cudaMemcpyDeviceToDevice, g_st)); }},
+      {"copy16 vpt2 th256", [=] { copy16<2, 256><<<unsigned((nv16 + 511) / 512), 256, 0, g_st>>>((uint4*)c2, (const uint4*)c1, nv16); }},
+      {"copy16 vpt4 th256", [=] { copy16<4, 256><<<unsigned((nv16 + 1023) / 1024), 256, 0, g_st>>>((uint4*)c2, (const uint4*)c1, nv16); }},
+      {"i8 real", real_launch(qi8, q0, x, n)},
+      {"i8 vpt2 th256", ew_launch<2, 256, false>(qi8, q1, x, n)},
+      {"i8 vpt4 th256", ew_launch<4, 256, false>(qi8, q1, x, n)},
+      {"i8 vpt2 th128", ew_launch<2, 128, false>(qi8, q1, x, n)},
+      {"i8 vpt1 th256", ew_launch<1, 256, false>(qi8, q1, x, n)},
+      {"i8 gs vpt2 th256", ew_launch<2, 256, true>(qi8, q1, x, n)},
+      {"fp8 real", real_launch(qf8, q0u, x, n)},
+      {"fp8 vpt2 th256", ew_launch<2, 256, false>(qf8, q1u, x, n)},
+      {"fp8 vpt2 th128", ew_launch<2, 128, false>(qf8, q1u, x, n)},
+      {"col real", chan_real<T>(x, s, z, q0, rows, cols)},
+      {"col r4 th256", chan_launch<T, 256, 4, 1>(x, s, z, q1, rows, cols)},
+      {"col r4 th128", chan_launch<T, 128, 4, 1>(x, s, z, q1, rows, cols)},
+      {"col r4 th64", chan_launch<T, 64, 4, 1>(x, s, z, q1, rows, cols)},
+      {"row real", chan_real<T, true>(x, s, z, q0, rows, cols)},
+      {"row r4 th256", chan_launch<T, 256, 4, 1, true>(x, s, z, q1, rows, cols)},
+      {"row r4 th128", chan_launch<T, 128, 4, 1, true>(x, s, z, q1, rows, cols)},
+  };
+  cases.push_back({"memcpy graph", graphed(cases[0].second)});
+  cases.push_back({"copy16 vpt2 th256 graph", graphed(cases[1].second)});
+  cases.push_back({"i8 real graph", graphed(cases[3].second)});
+  for (size_t i = 0, m = cases.size(); i < m; ++i)
+    if (cases[i].first == "col real") cases.push_back({"col real graph", graphed(cases[i].second)});
+  // exactness of each variant against its real kernel
+  std::vector<int8_t> ref(n), got(n);
+  std::string fam;
+  for (auto& [name, fn] : cases) {
+    if (name.find(' ') == std::string::npos || name.rfind("copy", 0) == 0 || name.find("graph") != std::string::npos) continue;
+    const std::string f = name.substr(0, name.find(' '));
+    CK(cudaMemset(q1, 0x55, n));
+    fn();
+    CK(cudaStreamSynchronize(g_st));
+    if (name.find("real") != std::string::npos) {
+      CK(cudaMemcpy(ref.data(), q0, n, cudaMemcpyDeviceToHost));
+      fam = f;
+      continue;
+    }
+    CK(cudaMemcpy(got.data(), q1, n, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += got[i] != ref[i];
+    if (bad) printf("MISMATCH %s %s %lld: %lld\n", dname, name.c_str(), (long long)n, (long long)bad);
+  }
+  for (int r = 0; r < rounds; ++r)
+    for (auto& [name, fn] : cases) res[std::string(dname) + " " + std::to_string(n) + " | " + name].push_back(tm.median(fn, reps));
+  CK(cudaFree(x)); CK(cudaFree(s)); CK(cudaFree(z)); CK(cudaFree(q0)); CK(cudaFree(q1)); CK(cudaFree(c1)); CK(cudaFree(c2));
+}
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? atoi(argv[1]) : 5, reps = argc > 2 ? atoi(argv[2]) : 60;
+  CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
+  CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
+  Timer tm;
+  std::map<std::string, std::vector<float>> res;
+  std::vector<std::string> order;
+  for (int64_t rows : {4882, 12207}) {
+    run_dtype<c10::Half>("fp16", rows, 4096, tm, rounds, reps, res);
+    run_dtype<c10::BFloat16>("bf16", rows, 4096, tm, rounds, reps, res);
+    printf("rows %lld done\n", (long long)rows);
+    fflush(stdout);
+  }
+  // print: per (dtype, n) block, each case's median over rounds, % of memcpy, and the round spread
+  std::string block;
+  float memcpy_ms = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> rows(res.begin(), res.end());
+  std::stable_sort(rows.begin(), rows.end(), [](auto& a, auto& b) {
+    return a.first.substr(0, a.first.find('|')) < b.first.substr(0, b.first.find('|'));
+  });
+  for (auto& [key, v] : rows) {
+    const std::string b = key.substr(0, key.find('|'));
+    std::vector<float> s = v;
+    std::sort(s.begin(), s.end());
+    const float med = s[s.size() / 2];
+    if (b != block) {
+      block = b;
+      memcpy_ms = 0;
+      for (auto& [k2, v2] : rows)
+        if (k2 == b + "| memcpy") {
+          std::vector<float> t = v2;
+          std::sort(t.begin(), t.end());
+          memcpy_ms = t[t.size() / 2];
+        }
+      printf("\n== %s (memcpy of the same bytes %.4f ms)\n", b.c_str(), memcpy_ms);
+    }
+    printf("  %-24s %.4f ms  %6.1f%% of memcpy   rounds %.4f..%.4f\n", key.substr(key.find('|') + 2).c_str(), med,
+           100.f * memcpy_ms / med, s.front(), s.back());
+  }
+  return 0;
+}
