@@ -14,6 +14,7 @@ import statistics
 
 import torch
 
+from bench_patterns import copy_bytes
 from fusion_backend import _ext, registry
 
 IDS = ["quantize.dyn_quant_i8", "quantize.dyn_quant_fp8", "quantize.quant_i8", "quantize.quant_i8_per_col",
@@ -50,7 +51,7 @@ def main() -> None:
                     r = res[key]
                     out = registry.call_op(p, args)
                     nbytes = args[0].nbytes + sum(o.nbytes for o in (out if isinstance(out, tuple) else (out,)))
-                    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")  # read + write = nbytes
+                    src = torch.empty(copy_bytes(nbytes), dtype=torch.uint8, device="cuda")  # read + write
                     dst = torch.empty_like(src)
                     r["copy"].append(do_bench(lambda: dst.copy_(src), rep=100, return_mode="median"))
                     r["fk"].append(do_bench(lambda: registry.call_op(p, args), rep=100, return_mode="median"))
