@@ -87,9 +87,9 @@ using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
 // tiles; long K (>= 512, or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under
 // longer MMAs) ping-pong 128x128, and so does a short K without activation or residual; the rest
-// cooperative 128x128 with 128x64 epilogue steps. Without a
-// residual the kernels have no C operand (void C: CUTLASS delays each TMA store to overlap the next step's
-// math, and frees the C buffers); ping-pong then takes 64x128 epilogue steps for GELU/SiLU, 64x64 otherwise.
+// cooperative 128x128 with 128x64 epilogue steps. Without a residual the kernels have no C operand (void C:
+// CUTLASS delays each TMA store to overlap the next step's math, and frees the C buffers); ping-pong then
+// takes 64x128 epilogue steps for GELU/SiLU and for no activation at short K, 64x64 otherwise.
 // From bench_matmul and two probes of CUTLASS configurations on an H200 (benchmarks/NOTES.md), e.g. bmm +
 // bias + GELU at 1024^3: 0.1405 ms with C and 64x64 steps, 0.1380 void C, 0.1346 void C with 64x128 steps;
 // the plain GEMM at K = 64, N = 512: 0.0298 -> 0.0260 ms (cuBLAS 0.0226).
