@@ -180,6 +180,17 @@ def test_dyn_quant_rounding_boundaries(op, dtype):
     eps = p.make_args((1, 8), dtype, "cuda")[1:]
     for xs in (x, inner, outer, x[:, :255].contiguous()):
         _check(p, [xs, *eps], _run(p, [xs, *eps]))
+    # the same rows padded to 4096 (16-bit rows of 4096 take rowquant.cuh's exact-row kernel), and rows
+    # holding NaN or inf there
+    for xs in (x, inner, outer):
+        wide = torch.zeros(xs.shape[0] + 2, 4096, dtype=dtype, device="cuda")
+        wide[:-2, :256] = xs
+        wide[-2, 4000], wide[-1, 17] = float("nan"), float("inf")
+        out, ref = _run(p, [wide, *eps]), p.eager(wide, *eps)
+        torch.testing.assert_close(out[1], ref[1], rtol=0, atol=0, equal_nan=True)  # scales: NaN, inf too
+        # elements whose x / s is NaN (a NaN row, inf / inf) have no defined int8 in eager either
+        keep = wide.isfinite() & ~wide.isnan().any(dim=1, keepdim=True)
+        assert torch.equal(out[0][keep].view(torch.uint8), ref[0][keep].view(torch.uint8))
     # a subnormal scale (eps = 0 in a direct call, a row of tiny values): eager's path for the whole row
     if dtype == torch.float32:
         tiny = torch.tensor([[1e-39, -3e-40, 2.5e-40, 0.0] * 8], device="cuda")

@@ -22,6 +22,8 @@
 #include "quant_fp8.cu"
 #include "quant_i8.cu"
 #include "quant_i8_channel.cu"
+#include "dyn_quant_fp8.cu"
+#include "dyn_quant_i8.cu"
 
 #include <algorithm>
 #include <cstdio>
@@ -145,6 +147,35 @@ __global__ void __launch_bounds__(TH, MINB) chan(const T* __restrict__ x, const 
   }
 }
 
+// rowquant_kernel (csrc/rowquant.cuh) for rows of exactly TH * kRowVecs vectors, with a minimum of resident
+// blocks per SM (fewer registers) as a parameter.
+template <typename T, int V, typename Q, int TH, int MINB>
+__global__ void __launch_bounds__(TH, MINB) rowq(const T* __restrict__ x, typename Q::Out* __restrict__ q,
+                                                 float* __restrict__ scales, int64_t cols, float eps) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  typename Q::Out* qr = q + row * cols;
+  Held<T, V> held[kRowVecs];
+  float amax = 0.f;
+  bool has_nan = false;
+#pragma unroll
+  for (int k = 0; k < kRowVecs; ++k) held[k].load(xr, threadIdx.x + k * TH);
+#pragma unroll
+  for (int k = 0; k < kRowVecs; ++k) absmax_update(held[k], amax, has_nan);
+  const bool any_nan = __syncthreads_or(has_nan);
+  amax = block_max(amax);
+  if (any_nan) amax = __int_as_float(0x7fffffff);
+  const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);
+  if (threadIdx.x == 0) scales[row] = s;
+  const bool fast = isfinite(s) && s >= 1.17549435e-38f;
+  const float r = 1.0f / s, rlo = r * (1.0f - 0x1p-20f), rhi = r * (1.0f + 0x1p-20f);
+#pragma unroll
+  for (int k = 0; k < kRowVecs; ++k) {
+    const int64_t i = threadIdx.x + k * TH;
+    quantize_vec<T, Q>(held[k], qr + i * V, fast, s, rlo, rhi);
+  }
+}
+
 }  // namespace fusekit
 
 using namespace fusekit;
@@ -228,6 +259,26 @@ std::function<void()> chan_real(const T* x, const float* s, const float* z, int8
   return [=] { quant_channel_kernel<T, V, PER_ROW><<<blocks, kChanTh, 0, g_st>>>(x, s, z, q, rows, vcols, vdiv, -128.f, 127.f); };
 }
 
+// dynamic per-row quantization: the csrc kernels as launch_rowquant launches them (rows of 4096 16-bit
+// elements: rowquant_exact_kernel), the general kernel alone, and rowq variants
+template <typename T, typename Q, bool kGeneral = false>
+std::function<void()> rowq_real(const T* x, typename Q::Out* q, float* sc, int64_t rows, int64_t cols) {
+  constexpr int V = 16 / sizeof(T);
+  int threads = 32;
+  while (threads < kRowThreads && int64_t(threads) * kRowVecs < cols / V) threads *= 2;
+#ifndef FK_PROBE_256
+  if (!kGeneral && cols / V == 128 * kRowVecs)
+    return [=] { rowquant_exact_kernel<T, V, Q, 128><<<unsigned(rows), 128, 0, g_st>>>(x, q, sc, 1e-5f); };
+#endif
+  return [=] { rowquant_kernel<T, V, Q><<<unsigned(rows), threads, 0, g_st>>>(x, q, sc, cols, 1e-5f); };
+}
+template <typename T, typename Q, int MINB>
+std::function<void()> rowq_launch(const T* x, typename Q::Out* q, float* sc, int64_t rows, int64_t cols) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int TH = 128;  // rows of 4096 16-bit elements: 512 vectors = 128 threads x kRowVecs
+  return [=] { rowq<T, V, Q, TH, MINB><<<unsigned(rows), TH, 0, g_st>>>(x, q, sc, cols, 1e-5f); };
+}
+
 // fn captured once into a CUDA graph on g_st; the returned function replays it
 std::function<void()> graphed(const std::function<void()>& fn) {
   cudaGraph_t gr;
@@ -254,12 +305,14 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
   T* x;
   float *s, *z;
   int8_t *q0, *q1;
+  float* sc;
   void *c1, *c2;
   CK(cudaMalloc(&x, n * sizeof(T)));
   CK(cudaMalloc(&s, ns * 4));
   CK(cudaMalloc(&z, ns * 4));
   CK(cudaMalloc(&q0, n));
   CK(cudaMalloc(&q1, n));
+  CK(cudaMalloc(&sc, rows * 4));
   const int64_t moved = n * (sizeof(T) + 1), half = moved / 2;
   CK(cudaMalloc(&c1, half));
   CK(cudaMalloc(&c2, half));
@@ -292,6 +345,16 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
       {"col r4 th256", chan_launch<T, 256, 4, 1>(x, s, z, q1, rows, cols)},
       {"col r4 th128", chan_launch<T, 128, 4, 1>(x, s, z, q1, rows, cols)},
       {"col r4 th64", chan_launch<T, 64, 4, 1>(x, s, z, q1, rows, cols)},
+      {"dq8 real", rowq_real<T, ToI8>(x, q0, sc, rows, cols)},
+      {"dq8 general", rowq_real<T, ToI8, true>(x, q1, sc, rows, cols)},
+      {"dq8 minb10", rowq_launch<T, ToI8, 10>(x, q1, sc, rows, cols)},
+      {"dq8 minb12", rowq_launch<T, ToI8, 12>(x, q1, sc, rows, cols)},
+      {"dq8 minb16", rowq_launch<T, ToI8, 16>(x, q1, sc, rows, cols)},
+      {"dqf8 real", rowq_real<T, ToE4M3>(x, q0u, sc, rows, cols)},
+      {"dqf8 general", rowq_real<T, ToE4M3, true>(x, q1u, sc, rows, cols)},
+      {"dqf8 minb10", rowq_launch<T, ToE4M3, 10>(x, q1u, sc, rows, cols)},
+      {"dqf8 minb12", rowq_launch<T, ToE4M3, 12>(x, q1u, sc, rows, cols)},
+      {"dqf8 minb16", rowq_launch<T, ToE4M3, 16>(x, q1u, sc, rows, cols)},
       {"row real", chan_real<T, true>(x, s, z, q0, rows, cols)},
       {"row r4 th256", chan_launch<T, 256, 4, 1, true>(x, s, z, q1, rows, cols)},
       {"row r4 th128", chan_launch<T, 128, 4, 1, true>(x, s, z, q1, rows, cols)},
@@ -322,7 +385,7 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
   }
   for (int r = 0; r < rounds; ++r)
     for (auto& [name, fn] : cases) res[std::string(dname) + " " + std::to_string(n) + " | " + name].push_back(tm.median(fn, reps));
-  CK(cudaFree(x)); CK(cudaFree(s)); CK(cudaFree(z)); CK(cudaFree(q0)); CK(cudaFree(q1)); CK(cudaFree(c1)); CK(cudaFree(c2));
+  CK(cudaFree(x)); CK(cudaFree(s)); CK(cudaFree(z)); CK(cudaFree(q0)); CK(cudaFree(q1)); CK(cudaFree(c1)); CK(cudaFree(c2)); CK(cudaFree(sc));
 }
 
 int main(int argc, char** argv) {
