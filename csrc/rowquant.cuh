@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
 
 // Rows of exactly kTH * kRowVecs vectors (4096 16-bit elements: 128 threads): the kernel above without
 // bounds checks or remainder loops, with at least 10 blocks per SM. Measured on an H200 at 20M elements
-// against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy 0.0191 ms): INT8 fp16 0.0215 ->
-// 0.0208 ms, bf16 0.0240 -> 0.0215; e4m3 fp16 0.0217 -> 0.0211, bf16 0.0233 -> 0.0216; at 50M 4-12% faster.
+// against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy 0.0192 ms): INT8 fp16 0.0225 ->
+// 0.0209 ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212 -> 0.0212, bf16 0.0223 -> 0.0217; at 50M 0-7% faster.
 // A separate kernel, so that the general one compiles as before (folding both into one template changed
 // its SASS).
 template <typename T, int V, typename Q, int kTH>
