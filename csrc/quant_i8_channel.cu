@@ -82,14 +82,15 @@ __device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float,
 constexpr int kChannelRows = 4;
 constexpr int kChannelThreads = 128;
 
-template <typename T, int V, bool PER_ROW>
-__global__ void __launch_bounds__(kChannelThreads) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
-                                                                 const float* __restrict__ zp, int8_t* __restrict__ q,
-                                                                 int64_t rows, int64_t vcols,
-                                                                 at::cuda::detail::IntDivider<unsigned> vdiv,
-                                                                 float qmin, float qmax) {
-  constexpr int R = kChannelRows;
-  const auto dm = vdiv.divmod(blockIdx.x * kChannelThreads + threadIdx.x);  // < 2^32 threads (host checks)
+// TH threads per block, R rows per thread: parameters so that benchmarks/probes/hbm_launch_shapes.cu can time
+// other launch shapes of this very kernel; the op launches the defaults.
+template <typename T, int V, bool PER_ROW, int TH = kChannelThreads, int R = kChannelRows>
+__global__ void __launch_bounds__(TH) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
+                                                           const float* __restrict__ zp, int8_t* __restrict__ q,
+                                                           int64_t rows, int64_t vcols,
+                                                           at::cuda::detail::IntDivider<unsigned> vdiv,
+                                                           float qmin, float qmax) {
+  const auto dm = vdiv.divmod(blockIdx.x * TH + threadIdx.x);  // < 2^32 threads (host checks)
   const int64_t cv = dm.mod, r0 = int64_t(dm.div) * R;
   if (r0 >= rows) return;
   Held<T, V> h[R];

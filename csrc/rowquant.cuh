@@ -195,11 +195,11 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
 // against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy 0.0192 ms): INT8 fp16 0.0225 ->
 // 0.0209 ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212 -> 0.0212, bf16 0.0223 -> 0.0217; at 50M 0-7% faster.
 // A separate kernel, so that the general one compiles as before (folding both into one template changed
-// its SASS).
-template <typename T, int V, typename Q, int kTH>
-__global__ void __launch_bounds__(kTH, 10) rowquant_exact_kernel(const T* __restrict__ x,
-                                                                 typename Q::Out* __restrict__ q,
-                                                                 float* __restrict__ scales, float eps) {
+// its SASS). kMinBlocks: a parameter so that the probe can time other caps of this very kernel.
+template <typename T, int V, typename Q, int kTH, int kMinBlocks = 10>
+__global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T* __restrict__ x,
+                                                                         typename Q::Out* __restrict__ q,
+                                                                         float* __restrict__ scales, float eps) {
   constexpr int64_t cols = int64_t(kTH) * kRowVecs * V;
   const T* xr = x + blockIdx.x * cols;
   typename Q::Out* qr = q + blockIdx.x * cols;

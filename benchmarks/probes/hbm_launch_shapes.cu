@@ -15,7 +15,9 @@
 //     -D__CUDA_NO_HALF2_OPERATORS__ -gencode=arch=compute_90a,code=sm_90a -D_GLIBCXX_USE_CXX11_ABI=1 \
 //     -L$TL -lc10 -lc10_cuda -ltorch_cpu -ltorch_cuda -ltorch -Xlinker -rpath=$TL
 //   ./hbm_probe [rounds=5] [reps=60]        # result: benchmarks/results/h200_hbm_probe.txt
-// -DFK_PROBE_256: build against csrc as it was before 128-thread blocks (session 9's files, CSRC=<that dir>).
+// The per-channel and exact-row dynamic quantizer variants are launch parameters of the csrc kernels
+// themselves. Section A of the result file (256- vs 128-thread blocks) came from this probe as of bae548f
+// built once against that commit's csrc and once against 96013a6's (its -DFK_PROBE_256 build).
 #include "fusekit.h"
 #undef TORCH_LIBRARY_IMPL
 #define TORCH_LIBRARY_IMPL(ns, k, m) [[maybe_unused]] static void C10_CONCATENATE(fkp_unused_, C10_UID)(torch::Library & m)
@@ -91,91 +93,6 @@ __global__ void __launch_bounds__(TH) copy16(uint4* __restrict__ dst, const uint
     if (base + u * TH < nvec) dst[base + u * TH] = x[u];
 }
 
-// quant_channel_kernel (as in csrc/ at session 10's start) with the thread count, rows per thread and a minimum
-// of resident blocks as parameters.
-template <typename T, int V, int TH, int R, int MINB, bool PER_ROW = false>
-__global__ void __launch_bounds__(TH, MINB) chan(const T* __restrict__ x, const float* __restrict__ scale,
-                                                 const float* __restrict__ zp, int8_t* __restrict__ q, int64_t rows,
-                                                 int64_t vcols, at::cuda::detail::IntDivider<unsigned> vdiv, float qmin,
-                                                 float qmax) {
-  const auto dm = vdiv.divmod(blockIdx.x * TH + threadIdx.x);
-  const int64_t cv = dm.mod, r0 = int64_t(dm.div) * R;
-  if (r0 >= rows) return;
-  Held<T, V> h[R];
-#pragma unroll
-  for (int u = 0; u < R; ++u)
-    if (r0 + u < rows) h[u].load(x, (r0 + u) * vcols + cv);
-  auto store_rows = [&](auto&& quant) {
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      if (r0 + u < rows) {
-        float xf[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) xf[j] = static_cast<float>(h[u].elem(j));
-        quant(u, xf, reinterpret_cast<Vec<int8_t, V>*>(q) + (r0 + u) * vcols + cv);
-      }
-    }
-  };
-  if constexpr (PER_ROW) {
-    Vec<float, 1> s[R], z[R];
-    float r[R][1];
-    bool s_ok[R];
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      if (r0 + u < rows) {
-        s[u].v[0] = scale[r0 + u], z[u].v[0] = zp[r0 + u];
-        r[u][0] = div_rn_recip(s[u].v[0]);
-        s_ok[u] = div_rn_divisor_ok(s[u].v[0]) && !isnan(z[u].v[0]);
-      }
-    }
-    store_rows([&](int u, const float (&xf)[V], Vec<int8_t, V>* dst) {
-      quant_vec<V, 1>(xf, s[u], r[u], z[u], s_ok[u], qmin, qmax, dst);
-    });
-  } else {
-    const Vec<float, V> sv = reinterpret_cast<const Vec<float, V>*>(scale)[cv];
-    const Vec<float, V> zv = reinterpret_cast<const Vec<float, V>*>(zp)[cv];
-    float r[V];
-    bool s_ok = true;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      r[j] = div_rn_recip(sv.v[j]);
-      s_ok &= div_rn_divisor_ok(sv.v[j]) && !isnan(zv.v[j]);
-    }
-    store_rows([&](int, const float (&xf)[V], Vec<int8_t, V>* dst) {
-      quant_vec<V, V>(xf, sv, r, zv, s_ok, qmin, qmax, dst);
-    });
-  }
-}
-
-// rowquant_kernel (csrc/rowquant.cuh) for rows of exactly TH * kRowVecs vectors, with a minimum of resident
-// blocks per SM (fewer registers) as a parameter.
-template <typename T, int V, typename Q, int TH, int MINB>
-__global__ void __launch_bounds__(TH, MINB) rowq(const T* __restrict__ x, typename Q::Out* __restrict__ q,
-                                                 float* __restrict__ scales, int64_t cols, float eps) {
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * cols;
-  typename Q::Out* qr = q + row * cols;
-  Held<T, V> held[kRowVecs];
-  float amax = 0.f;
-  bool has_nan = false;
-#pragma unroll
-  for (int k = 0; k < kRowVecs; ++k) held[k].load(xr, threadIdx.x + k * TH);
-#pragma unroll
-  for (int k = 0; k < kRowVecs; ++k) absmax_update(held[k], amax, has_nan);
-  const bool any_nan = __syncthreads_or(has_nan);
-  amax = block_max(amax);
-  if (any_nan) amax = __int_as_float(0x7fffffff);
-  const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);
-  if (threadIdx.x == 0) scales[row] = s;
-  const bool fast = isfinite(s) && s >= 1.17549435e-38f;
-  const float r = 1.0f / s, rlo = r * (1.0f - 0x1p-20f), rhi = r * (1.0f + 0x1p-20f);
-#pragma unroll
-  for (int k = 0; k < kRowVecs; ++k) {
-    const int64_t i = threadIdx.x + k * TH;
-    quantize_vec<T, Q>(held[k], qr + i * V, fast, s, rlo, rhi);
-  }
-}
-
 }  // namespace fusekit
 
 using namespace fusekit;
@@ -221,62 +138,42 @@ template <typename T, typename Out, typename Op>
 std::function<void()> real_launch(Op op, Out* out, const T* x, int64_t n) {
   // launch_elementwise's choice at these sizes (vector path, full-size blocks), on g_st
   constexpr int V = vec_width<T, Out>();
-#ifdef FK_PROBE_256
-  constexpr int th = kThreads;
-  const unsigned blocks = one_shot_blocks(n / V);
-#else
   constexpr int th = block_threads<Out>();
   const unsigned blocks = one_shot_blocks(n / V, false, th);
-#endif
   const at::cuda::detail::IntDivider<unsigned> one(1u);
   return [=] {
     elementwise_kernel<1, 0, T, Out, V, false><<<blocks, th, 0, g_st>>>(op, out, x, nullptr, nullptr, n, 1, one, false);
   };
 }
 
-template <typename T, int TH, int R, int MINB, bool PER_ROW = false>
+// quant_channel_kernel with TH threads and R rows per thread; the defaults are the op's launch
+template <typename T, bool PER_ROW, int TH = kChannelThreads, int R = kChannelRows>
 std::function<void()> chan_launch(const T* x, const float* s, const float* z, int8_t* q, int64_t rows, int64_t cols) {
   constexpr int V = 16 / sizeof(T);
   const int64_t vcols = cols / V;
   const int64_t threads = vcols * ((rows + R - 1) / R);
   const unsigned blocks = unsigned((threads + TH - 1) / TH);
   const at::cuda::detail::IntDivider<unsigned> vdiv(static_cast<unsigned>(vcols));
-  return [=] { chan<T, V, TH, R, MINB, PER_ROW><<<blocks, TH, 0, g_st>>>(x, s, z, q, rows, vcols, vdiv, -128.f, 127.f); };
-}
-
-#ifdef FK_PROBE_256
-constexpr int kChanTh = kThreads;  // csrc before 128-thread blocks
-#else
-constexpr int kChanTh = kChannelThreads;
-#endif
-template <typename T, bool PER_ROW = false>
-std::function<void()> chan_real(const T* x, const float* s, const float* z, int8_t* q, int64_t rows, int64_t cols) {
-  constexpr int V = 16 / sizeof(T);
-  const int64_t vcols = cols / V;
-  const int64_t threads = vcols * ((rows + kChannelRows - 1) / kChannelRows);
-  const unsigned blocks = unsigned((threads + kChanTh - 1) / kChanTh);
-  const at::cuda::detail::IntDivider<unsigned> vdiv(static_cast<unsigned>(vcols));
-  return [=] { quant_channel_kernel<T, V, PER_ROW><<<blocks, kChanTh, 0, g_st>>>(x, s, z, q, rows, vcols, vdiv, -128.f, 127.f); };
+  return [=] {
+    quant_channel_kernel<T, V, PER_ROW, TH, R><<<blocks, TH, 0, g_st>>>(x, s, z, q, rows, vcols, vdiv, -128.f, 127.f);
+  };
 }
 
 // dynamic per-row quantization: the csrc kernels as launch_rowquant launches them (rows of 4096 16-bit
-// elements: rowquant_exact_kernel), the general kernel alone, and rowq variants
+// elements: rowquant_exact_kernel), the general kernel alone, and the exact kernel with other caps
 template <typename T, typename Q, bool kGeneral = false>
 std::function<void()> rowq_real(const T* x, typename Q::Out* q, float* sc, int64_t rows, int64_t cols) {
   constexpr int V = 16 / sizeof(T);
   int threads = 32;
   while (threads < kRowThreads && int64_t(threads) * kRowVecs < cols / V) threads *= 2;
-#ifndef FK_PROBE_256
   if (!kGeneral && cols / V == 128 * kRowVecs)
     return [=] { rowquant_exact_kernel<T, V, Q, 128><<<unsigned(rows), 128, 0, g_st>>>(x, q, sc, 1e-5f); };
-#endif
   return [=] { rowquant_kernel<T, V, Q><<<unsigned(rows), threads, 0, g_st>>>(x, q, sc, cols, 1e-5f); };
 }
 template <typename T, typename Q, int MINB>
 std::function<void()> rowq_launch(const T* x, typename Q::Out* q, float* sc, int64_t rows, int64_t cols) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int TH = 128;  // rows of 4096 16-bit elements: 512 vectors = 128 threads x kRowVecs
-  return [=] { rowq<T, V, Q, TH, MINB><<<unsigned(rows), TH, 0, g_st>>>(x, q, sc, cols, 1e-5f); };
+  return [=] { rowquant_exact_kernel<T, V, Q, 128, MINB><<<unsigned(rows), 128, 0, g_st>>>(x, q, sc, 1e-5f); };
 }
 
 // fn captured once into a CUDA graph on g_st; the returned function replays it
@@ -341,23 +238,20 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
       {"fp8 real", real_launch(qf8, q0u, x, n)},
       {"fp8 vpt2 th256", ew_launch<2, 256, false>(qf8, q1u, x, n)},
       {"fp8 vpt2 th128", ew_launch<2, 128, false>(qf8, q1u, x, n)},
-      {"col real", chan_real<T>(x, s, z, q0, rows, cols)},
-      {"col r4 th256", chan_launch<T, 256, 4, 1>(x, s, z, q1, rows, cols)},
-      {"col r4 th128", chan_launch<T, 128, 4, 1>(x, s, z, q1, rows, cols)},
-      {"col r4 th64", chan_launch<T, 64, 4, 1>(x, s, z, q1, rows, cols)},
+      {"col real", chan_launch<T, false>(x, s, z, q0, rows, cols)},
+      {"col r4 th256", chan_launch<T, false, 256, 4>(x, s, z, q1, rows, cols)},
+      {"col r2 th128", chan_launch<T, false, 128, 2>(x, s, z, q1, rows, cols)},
+      {"col r4 th64", chan_launch<T, false, 64, 4>(x, s, z, q1, rows, cols)},
       {"dq8 real", rowq_real<T, ToI8>(x, q0, sc, rows, cols)},
       {"dq8 general", rowq_real<T, ToI8, true>(x, q1, sc, rows, cols)},
-      {"dq8 minb10", rowq_launch<T, ToI8, 10>(x, q1, sc, rows, cols)},
       {"dq8 minb12", rowq_launch<T, ToI8, 12>(x, q1, sc, rows, cols)},
       {"dq8 minb16", rowq_launch<T, ToI8, 16>(x, q1, sc, rows, cols)},
       {"dqf8 real", rowq_real<T, ToE4M3>(x, q0u, sc, rows, cols)},
       {"dqf8 general", rowq_real<T, ToE4M3, true>(x, q1u, sc, rows, cols)},
-      {"dqf8 minb10", rowq_launch<T, ToE4M3, 10>(x, q1u, sc, rows, cols)},
       {"dqf8 minb12", rowq_launch<T, ToE4M3, 12>(x, q1u, sc, rows, cols)},
       {"dqf8 minb16", rowq_launch<T, ToE4M3, 16>(x, q1u, sc, rows, cols)},
-      {"row real", chan_real<T, true>(x, s, z, q0, rows, cols)},
-      {"row r4 th256", chan_launch<T, 256, 4, 1, true>(x, s, z, q1, rows, cols)},
-      {"row r4 th128", chan_launch<T, 128, 4, 1, true>(x, s, z, q1, rows, cols)},
+      {"row real", chan_launch<T, true>(x, s, z, q0, rows, cols)},
+      {"row r4 th256", chan_launch<T, true, 256, 4>(x, s, z, q1, rows, cols)},
   };
   cases.push_back({"memcpy graph", graphed(cases[0].second)});
   cases.push_back({"copy16 vpt2 th256 graph", graphed(cases[1].second)});
