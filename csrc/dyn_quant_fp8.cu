@@ -15,12 +15,19 @@ namespace {
 struct ToE4M3 {
   using Out = uint8_t;
   static constexpr float kMax = 448.0f;
-  __device__ static uint8_t exact(float x, float s) {
-    float t = __fdiv_rn(x, s);
+  __device__ static uint8_t quotient(float t) {
     if (!isnan(t)) t = fminf(fmaxf(t, -448.0f), 448.0f);
     return to_e4m3(t);
   }
   __device__ static uint8_t one(float t) { return to_e4m3(t); }
+  // V eager quotients t (finite), four e4m3s to a word
+  template <int V>
+  __device__ static void pack(const float (&t)[V], uint32_t (&w)[V / 4]) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+      w[j / 4] = uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(t[j], t[j + 1]), __NV_SATFINITE, __NV_E4M3)) |
+                 uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(t[j + 2], t[j + 3]), __NV_SATFINITE, __NV_E4M3)) << 16;
+  }
   // Two elements per conversion (cvt.rn.satfinite.e4m3x2.f32; saturating to +-448 is the pattern's clamp),
   // two pairs to a word; one comparison per word.
   template <int V>

@@ -7,7 +7,8 @@
 //
 // Contract: x [..., K] CUDA, contiguous, float32/float16/bfloat16; returns q int8 like x and the fp32
 // scales [..., 1]. Bit-exact with eager CUDA (s = amax * (1/127) as eager's scalar divide does; x / s is
-// a true division, bracketed by two FMAs, see rowquant.cuh; round half to even).
+// eager's true division, from 1/s and two FMA corrections or bracketed by two FMAs, see rowquant.cuh;
+// round half to even).
 #include "rowquant.cuh"
 
 namespace fusekit {
@@ -16,8 +17,15 @@ namespace {
 struct ToI8 {
   using Out = int8_t;
   static constexpr float kMax = 127.0f;
-  __device__ static int8_t exact(float x, float s) { return round_to_i8(__fdiv_rn(x, s), -128.0f, 127.0f); }
+  __device__ static int8_t quotient(float t) { return round_to_i8(t, -128.0f, 127.0f); }
   __device__ static int8_t one(float t) { return static_cast<int8_t>(round_bits(t) & 0xffu); }
+  // V eager quotients t (|t| <= kMax * (1 + 2^-22)), four int8s to a word
+  template <int V>
+  __device__ static void pack(const float (&t)[V], uint32_t (&w)[V / 4]) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+      w[j / 4] = pack_low_bytes(round_bits(t[j]), round_bits(t[j + 1]), round_bits(t[j + 2]), round_bits(t[j + 3]));
+  }
   // fma(x, r, kRoundMagic) rounds x * r half to even; its low byte is the int8 (|x * r| < 128: no clamp).
   // The whole words compare equal exactly when the int8s do. Bytes packed with PRMT.
   template <int V>

@@ -81,32 +81,74 @@ __device__ __forceinline__ void absmax_update(const Held<c10::BFloat16, V>& h, f
 }
 
 // Q quantizes x / s into Q::Out (Q::kMax: the format's largest magnitude, 127 or 448):
-//   Q::exact(x, s)                  eager's value, with its true division;
+//   Q::quotient(t)                  eager's value from its quotient t = x / s (clamp, round, convert);
 //   Q::one(t)                       the value of t = x * r for |t| <= kMax * (1 + 2^-19) (no clamp needed);
 //   Q::bracket(x[V], rlo, rhi, w)   V % 4 == 0: the V values of x * rlo and of x * rhi, packed four to a
-//                                   32-bit word w (from x * rhi); false when the two ends differ anywhere.
+//                                   32-bit word w (from x * rhi); false when the two ends differ anywhere;
+//   Q::pack(t[V], w)                V % 4 == 0: the V values of eager quotients t, four to a word.
 // NOTE (exact and fast): x / s lies between x * rlo and x * rhi (rlo, rhi = 1/s -+ 2^-20 relative, wider
 // than every rounding error in play), and rounding is monotone, so where both ends give one value, eager's
 // rounded x / s gives it too. That costs two FMAs per element instead of a division: the fp16 kernel was
 // issue-bound (0.072 -> 0.054 ms at [16384, 4096] in a standalone probe on an H200, copy floor 0.049 ms).
+// The exact-row kernel's 16-bit rows skip the bracket: div_by_recip below gives eager's quotient itself
+// in five FP instructions, with no vectors left undecided (kExactRow::kQuotient).
 
-// The rare vector whose bracket does not decide, and rows with a NaN/inf/subnormal scale: eager's division
-// per element. Out of line: joined with the fast path, the fast path's packed words were taken apart into
-// bytes to meet these byte stores (~10 extra integer ops and a local-memory spill per vector in the SASS).
+// eager's x / s (div.rn.f32) without a division, for a finite s >= 2^-60 and r = 1/s correctly rounded:
+// x * r and two FMA corrections, the steps div.rn.f32 itself takes after its reciprocal (Markstein: with r
+// within half an ulp of 1/s and q within an ulp of x / s, fma(r, x - s * q, q) is the rounded quotient;
+// the first correction brings q within the ulp). The s bound keeps the residuals out of the subnormals
+// wherever |x / s| >= 2^-11, the smallest quotient whose rounding can matter (e4m3's half-subnormal).
+// The FMAs turn x = -0 into +0; eager keeps the sign (e4m3 0x80), hence the copysign.
+__device__ __forceinline__ float div_by_recip(float x, float s, float r) {
+  float q = x * r;
+  q = fmaf(r, fmaf(-s, q, x), q);
+  q = fmaf(r, fmaf(-s, q, x), q);
+  return copysignf(q, x);
+}
+constexpr float kMinBracketScale = 0x1p-60f;
+
+// The rare vector whose bracket does not decide: some x / s at or next to a rounding boundary (an exact tie
+// in ~2% of the vectors of a randn bf16 row, 0.2% in fp16, whose 11-bit mantissas meet ties less often).
+// Out of line: joined with the fast path, the fast path's packed words were taken apart into bytes to meet
+// these byte stores (~10 extra integer ops and a local-memory spill per vector in the SASS).
+template <typename Q, int V>
+__device__ __noinline__ void quantize_near_tie(Vec<float, V> xf, typename Q::Out* dst, float s, float r) {
+  Vec<typename Q::Out, V> o;
+#pragma unroll
+  for (int j = 0; j < V; ++j) o.v[j] = Q::quotient(div_by_recip(xf.v[j], s, r));
+  *reinterpret_cast<Vec<typename Q::Out, V>*>(dst) = o;
+}
+// Rows with a NaN/inf scale or one below kMinBracketScale, and the general kernel's undecided vectors:
+// eager's division per element.
 template <typename Q, int V>
 __device__ __noinline__ void quantize_exact(Vec<float, V> xf, typename Q::Out* dst, float s) {
   Vec<typename Q::Out, V> o;
 #pragma unroll
-  for (int j = 0; j < V; ++j) o.v[j] = Q::exact(xf.v[j], s);
+  for (int j = 0; j < V; ++j) o.v[j] = Q::quotient(__fdiv_rn(xf.v[j], s));
   *reinterpret_cast<Vec<typename Q::Out, V>*>(dst) = o;
 }
 
-template <typename T, typename Q, int V>
+// kNearTie: undecided vectors take quantize_near_tie, else quantize_exact. Only the exact-row kernel takes
+// the former: in the general kernel, a second out-of-line callee raised registers from 48 to 56-62 (4
+// blocks per SM instead of 5; fp32 rows of 4096 measured 0.0306 -> 0.0331 ms at 20M on an H200), and one
+// callee doing either measured no faster than the division alone in the exact-row kernel.
+// kQuotient (V % 4 == 0): no bracket; every element's quotient by div_by_recip, packed by Q::pack (rows
+// with a NaN/inf or tiny scale still take quantize_exact).
+template <typename T, typename Q, bool kNearTie, int V, bool kQuotient = false>
 __device__ __forceinline__ void quantize_vec(const Held<T, V>& v, typename Q::Out* dst, bool fast, float s,
-                                             float rlo, float rhi) {
+                                             float r, float rlo, float rhi) {
   Vec<float, V> xf;
   to_floats(v, xf.v);
-  if (fast) {
+  if constexpr (kQuotient) {
+    if (fast) {
+      Vec<uint32_t, V / 4> w;
+#pragma unroll
+      for (int j = 0; j < V; ++j) xf.v[j] = div_by_recip(xf.v[j], s, r);
+      Q::pack(xf.v, w.v);
+      *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = w;
+      return;
+    }
+  } else if (fast) {
     if constexpr (V % 4 == 0) {
       Vec<uint32_t, V / 4> w;
       if (Q::bracket(xf.v, rlo, rhi, w.v)) {
@@ -125,6 +167,10 @@ __device__ __forceinline__ void quantize_vec(const Held<T, V>& v, typename Q::Ou
         *reinterpret_cast<Vec<typename Q::Out, V>*>(dst) = o;
         return;
       }
+    }
+    if constexpr (kNearTie) {
+      quantize_near_tie<Q, V>(xf, dst, s, r);
+      return;
     }
   }
   quantize_exact<Q, V>(xf, dst, s);
@@ -169,34 +215,36 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
   // s = clamp(amax, min=eps) / kMax, as eager computes it: a host-scalar divide is x * (1/kMax)
   const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);
   if (threadIdx.x == 0) scales[row] = s;
-  // The bracket needs a normal, finite s (then |x / s| <= kMax * (1 + 2^-22)); NaN/inf rows and a
-  // subnormal s (eps below 1e-36 in a direct call) take eager's path for the whole row.
-  const bool fast = isfinite(s) && s >= 1.17549435e-38f;
+  // The bracket and div_by_recip need a finite s >= 2^-60 (then |x / s| <= kMax * (1 + 2^-22)); NaN/inf
+  // rows and a tinier s (eps below ~1e-16 in a direct call) take eager's division for the whole row.
+  const bool fast = isfinite(s) && s >= kMinBracketScale;
   const float r = 1.0f / s, rlo = r * (1.0f - 0x1p-20f), rhi = r * (1.0f + 0x1p-20f);
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) {
     const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-    if (i < nvec) quantize_vec<T, Q>(held[k], qr + i * V, fast, s, rlo, rhi);
+    if (i < nvec) quantize_vec<T, Q, false>(held[k], qr + i * V, fast, s, r, rlo, rhi);
   }
   for (int64_t i = threadIdx.x + int64_t(kRowVecs) * blockDim.x; i < nvec; i += blockDim.x) {
     Held<T, V> h;
     h.load(xr, i);
-    quantize_vec<T, Q>(h, qr + i * V, fast, s, rlo, rhi);
+    quantize_vec<T, Q, false>(h, qr + i * V, fast, s, r, rlo, rhi);
   }
   for (int64_t i = nvec * V + threadIdx.x; i < cols; i += blockDim.x) {
     Held<T, 1> h;
     h.load(xr, i);
-    quantize_vec<T, Q>(h, qr + i, fast, s, rlo, rhi);
+    quantize_vec<T, Q, false>(h, qr + i, fast, s, r, rlo, rhi);
   }
 }
 
-// Rows of exactly kTH * kRowVecs vectors (4096 16-bit elements: 128 threads): the kernel above without
-// bounds checks or remainder loops, with at least 10 blocks per SM. Measured on an H200 at 20M elements
-// against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy 0.0192 ms): INT8 fp16 0.0225 ->
-// 0.0209 ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212 -> 0.0212, bf16 0.0223 -> 0.0217; at 50M 0-7% faster.
-// A separate kernel, so that the general one compiles as before (folding both into one template changed
-// its SASS). kMinBlocks: a parameter so that the probe can time other caps of this very kernel.
-template <typename T, int V, typename Q, int kTH, int kMinBlocks = 10>
+// Rows of exactly kTH * kRowVecs vectors (4096 elements: 16-bit in 128 threads, fp32 in 256; kExactRow): the
+// kernel above without bounds checks or remainder loops, with at least kMinBlocks blocks per SM. Measured
+// on an H200 at 20M elements against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy
+// 0.0192 ms), both on the bracket: INT8 fp16 0.0225 -> 0.0209 ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212
+// -> 0.0212, bf16 0.0223 -> 0.0217; at 50M 0-7% faster; fp32 (256 threads, >= 5 blocks) 0.0302-0.0303 ->
+// 0.0300-0.0301 (copy 0.0283). A separate kernel, so that the general one compiles as before (folding both
+// into one template changed its SASS). kMinBlocks and kQuotient: parameters so that the probe can time
+// other choices of this very kernel.
+template <typename T, int V, typename Q, int kTH, int kMinBlocks = 10, bool kQuotient = false>
 __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T* __restrict__ x,
                                                                          typename Q::Out* __restrict__ q,
                                                                          float* __restrict__ scales, float eps) {
@@ -215,14 +263,26 @@ __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T
   if (any_nan) amax = __int_as_float(0x7fffffff);
   const float s = (isnan(amax) ? amax : fmaxf(amax, eps)) * (1.0f / Q::kMax);  // as rowquant_kernel
   if (threadIdx.x == 0) scales[blockIdx.x] = s;
-  const bool fast = isfinite(s) && s >= 1.17549435e-38f;
+  const bool fast = isfinite(s) && s >= kMinBracketScale;
   const float r = 1.0f / s, rlo = r * (1.0f - 0x1p-20f), rhi = r * (1.0f + 0x1p-20f);
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) {
     const int i = threadIdx.x + k * kTH;
-    quantize_vec<T, Q>(held[k], qr + int64_t(i) * V, fast, s, rlo, rhi);
+    quantize_vec<T, Q, true, V, kQuotient>(held[k], qr + int64_t(i) * V, fast, s, r, rlo, rhi);
   }
 }
+
+// The exact-row launch by element size: threads per block and the launch bound's minimum blocks per SM.
+// kQuotient: 16-bit rows quantize every element from div_by_recip's quotient, no bracket. Measured with the
+// probe on an H200 at 20M elements (copy 0.0190 ms), bracket -> quotient: INT8 fp16 0.0203 -> 0.0201 ms,
+// bf16 0.0206 -> 0.0200; e4m3 fp16 0.0205 -> 0.0199, bf16 0.0212 -> 0.0200 (the bracket's near-tie calls:
+// 2-3% of bf16 vectors); fp32 0.0300-0.0301 -> 0.0302 (kept on the bracket).
+template <typename T>
+struct kExactRow {
+  static constexpr int kThreads = sizeof(T) == 2 ? 128 : 256;
+  static constexpr int kMinBlocks = sizeof(T) == 2 ? 10 : 5;  // 48 registers either way
+  static constexpr bool kQuotient = sizeof(T) == 2;
+};
 
 // x: [..., cols] contiguous; q: same shape; scales: [rows] fp32.
 // NOTE (measured on an H200): a row per block with as few threads as hold the row in kRowVecs vectors
@@ -238,9 +298,11 @@ void launch_rowquant(const T* x, typename Q::Out* q, float* scales, int64_t rows
   const int64_t units = vec ? cols / V : cols;
   int threads = 32;
   while (threads < kRowThreads && int64_t(threads) * kRowVecs < units) threads *= 2;
-  if constexpr (sizeof(T) == 2) {
-    if (vec && units == 128 * kRowVecs) {  // rows of 4096 16-bit elements
-      rowquant_exact_kernel<T, V, Q, 128><<<rows, 128, 0, stream>>>(x, q, scales, eps);
+  if constexpr (sizeof(T) <= 4) {  // rows of 4096: 16-bit in 128 threads, fp32 in 256 (kExactRow)
+    constexpr int kTH = kExactRow<T>::kThreads;
+    if (vec && units == kTH * kRowVecs) {
+      rowquant_exact_kernel<T, V, Q, kTH, kExactRow<T>::kMinBlocks, kExactRow<T>::kQuotient>
+          <<<rows, kTH, 0, stream>>>(x, q, scales, eps);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }

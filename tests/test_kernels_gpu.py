@@ -191,13 +191,23 @@ def test_dyn_quant_rounding_boundaries(op, dtype):
         # elements whose x / s is NaN (a NaN row, inf / inf) have no defined int8 in eager either
         keep = wide.isfinite() & ~wide.isnan().any(dim=1, keepdim=True)
         assert torch.equal(out[0][keep].view(torch.uint8), ref[0][keep].view(torch.uint8))
-    # a subnormal scale (eps = 0 in a direct call, a row of tiny values): eager's path for the whole row
+    # a subnormal scale (eps = 0 in a direct call, a row of tiny values): eager's path for the whole row;
+    # and the boundaries in rows whose scale is just above and below kMinBracketScale (2^-60, rowquant.cuh),
+    # where the kernels switch from the bracket and its FMA-corrected quotient to eager's division
     if dtype == torch.float32:
         tiny = torch.tensor([[1e-39, -3e-40, 2.5e-40, 0.0] * 8], device="cuda")
-        out = getattr(torch.ops.fusekit, op)(tiny, 0.0)
-        ref = p.reference(tiny, 0.0)
-        assert torch.equal(out[1], ref[1])
-        assert torch.equal(out[0].view(torch.uint8), ref[0].view(torch.uint8))
+        small = torch.stack([rows[0] * (a / kmax) for a in (kmax * 2.0 ** -59, kmax * 2.0 ** -61)])  # s = 2^-59, 2^-61
+        small = small.to(dtype).cuda()
+        cases = [tiny, small, _bits_step(small, 1), _bits_step(small, -1)]
+        for xs in cases[1:]:
+            wide = torch.zeros(xs.shape[0], 4096, dtype=dtype, device="cuda")
+            wide[:, :256] = xs
+            cases.append(wide)
+        for xs in cases:
+            out = getattr(torch.ops.fusekit, op)(xs, 0.0)
+            ref = p.reference(xs, 0.0)
+            assert torch.equal(out[1], ref[1])
+            assert torch.equal(out[0].view(torch.uint8), ref[0].view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

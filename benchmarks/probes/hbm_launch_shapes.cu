@@ -14,7 +14,7 @@
 //     -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
 //     -D__CUDA_NO_HALF2_OPERATORS__ -gencode=arch=compute_90a,code=sm_90a -D_GLIBCXX_USE_CXX11_ABI=1 \
 //     -L$TL -lc10 -lc10_cuda -ltorch_cpu -ltorch_cuda -ltorch -Xlinker -rpath=$TL
-//   ./hbm_probe [rounds=5] [reps=60]        # result: benchmarks/results/h200_hbm_probe.txt
+//   ./hbm_probe [rounds=5] [reps=60] [name prefixes, e.g. dq8,dqf8]   # result: results/h200_hbm_probe.txt
 // The per-channel and exact-row dynamic quantizer variants are launch parameters of the csrc kernels
 // themselves. Section A of the result file (256- vs 128-thread blocks) came from this probe as of bae548f
 // built once against that commit's csrc and once against 96013a6's (its -DFK_PROBE_256 build).
@@ -166,14 +166,18 @@ std::function<void()> rowq_real(const T* x, typename Q::Out* q, float* sc, int64
   constexpr int V = 16 / sizeof(T);
   int threads = 32;
   while (threads < kRowThreads && int64_t(threads) * kRowVecs < cols / V) threads *= 2;
-  if (!kGeneral && cols / V == 128 * kRowVecs)
-    return [=] { rowquant_exact_kernel<T, V, Q, 128><<<unsigned(rows), 128, 0, g_st>>>(x, q, sc, 1e-5f); };
+  constexpr int kTH = kExactRow<T>::kThreads, kMinBlocks = kExactRow<T>::kMinBlocks;
+  if (!kGeneral && cols / V == kTH * kRowVecs)
+    return [=] {
+      rowquant_exact_kernel<T, V, Q, kTH, kMinBlocks, kExactRow<T>::kQuotient><<<unsigned(rows), kTH, 0, g_st>>>(
+          x, q, sc, 1e-5f);
+    };
   return [=] { rowquant_kernel<T, V, Q><<<unsigned(rows), threads, 0, g_st>>>(x, q, sc, cols, 1e-5f); };
 }
-template <typename T, typename Q, int MINB>
+template <typename T, typename Q, int MINB, int TH = 128, bool QUOT = false>  // rows of TH * kRowVecs vectors
 std::function<void()> rowq_launch(const T* x, typename Q::Out* q, float* sc, int64_t rows, int64_t cols) {
   constexpr int V = 16 / sizeof(T);
-  return [=] { rowquant_exact_kernel<T, V, Q, 128, MINB><<<unsigned(rows), 128, 0, g_st>>>(x, q, sc, 1e-5f); };
+  return [=] { rowquant_exact_kernel<T, V, Q, TH, MINB, QUOT><<<unsigned(rows), TH, 0, g_st>>>(x, q, sc, 1e-5f); };
 }
 
 // fn captured once into a CUDA graph on g_st; the returned function replays it
@@ -189,7 +193,7 @@ std::function<void()> graphed(const std::function<void()>& fn) {
 
 template <typename T>
 void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rounds, int reps,
-               std::map<std::string, std::vector<float>>& res) {
+               std::map<std::string, std::vector<float>>& res, const std::string& only) {
   const int64_t n = rows * cols;
   std::mt19937 g(1);
   std::normal_distribution<float> nd(0.f, 3.f);
@@ -244,23 +248,42 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
       {"col r4 th64", chan_launch<T, false, 64, 4>(x, s, z, q1, rows, cols)},
       {"dq8 real", rowq_real<T, ToI8>(x, q0, sc, rows, cols)},
       {"dq8 general", rowq_real<T, ToI8, true>(x, q1, sc, rows, cols)},
-      {"dq8 minb12", rowq_launch<T, ToI8, 12>(x, q1, sc, rows, cols)},
-      {"dq8 minb16", rowq_launch<T, ToI8, 16>(x, q1, sc, rows, cols)},
+
       {"dqf8 real", rowq_real<T, ToE4M3>(x, q0u, sc, rows, cols)},
       {"dqf8 general", rowq_real<T, ToE4M3, true>(x, q1u, sc, rows, cols)},
-      {"dqf8 minb12", rowq_launch<T, ToE4M3, 12>(x, q1u, sc, rows, cols)},
-      {"dqf8 minb16", rowq_launch<T, ToE4M3, 16>(x, q1u, sc, rows, cols)},
+
       {"row real", chan_launch<T, true>(x, s, z, q0, rows, cols)},
       {"row r4 th256", chan_launch<T, true, 256, 4>(x, s, z, q1, rows, cols)},
   };
+  if constexpr (sizeof(T) == 2) {  // the exact-row kernel with other caps
+    // the exact-row kernel on the bracket (kQuotient = false: csrc before session 11's change)
+    cases.push_back({"dq8 bracket", rowq_launch<T, ToI8, 10, 128, false>(x, q1, sc, rows, cols)});
+    cases.push_back({"dqf8 bracket", rowq_launch<T, ToE4M3, 10, 128, false>(x, q1u, sc, rows, cols)});
+    cases.push_back({"dq8 minb12", rowq_launch<T, ToI8, 12>(x, q1, sc, rows, cols)});
+    cases.push_back({"dq8 minb16", rowq_launch<T, ToI8, 16>(x, q1, sc, rows, cols)});
+    cases.push_back({"dqf8 minb12", rowq_launch<T, ToE4M3, 12>(x, q1u, sc, rows, cols)});
+    cases.push_back({"dqf8 minb16", rowq_launch<T, ToE4M3, 16>(x, q1u, sc, rows, cols)});
+  } else {
+    cases.push_back({"dq8 exact256 minb4", rowq_launch<T, ToI8, 4, 256>(x, q1, sc, rows, cols)});
+    cases.push_back({"dqf8 exact256 minb4", rowq_launch<T, ToE4M3, 4, 256>(x, q1u, sc, rows, cols)});
+    cases.push_back({"dq8 quot", rowq_launch<T, ToI8, 5, 256, true>(x, q1, sc, rows, cols)});  // kQuotient
+    cases.push_back({"dqf8 quot", rowq_launch<T, ToE4M3, 5, 256, true>(x, q1u, sc, rows, cols)});
+  }
+  if (!only.empty())  // the cases whose name starts with one of `only`'s comma-separated prefixes, and memcpy
+    cases.erase(std::remove_if(cases.begin() + 1, cases.end(), [&](auto& c) {
+      for (size_t b = 0, e; b <= only.size(); b = e + 1) {
+        e = std::min(only.find(',', b), only.size());
+        if (c.first.rfind(only.substr(b, e - b), 0) == 0) return false;
+      }
+      return true;
+    }), cases.end());
   cases.push_back({"memcpy graph", graphed(cases[0].second)});
-  cases.push_back({"copy16 vpt2 th256 graph", graphed(cases[1].second)});
-  cases.push_back({"i8 real graph", graphed(cases[3].second)});
   for (size_t i = 0, m = cases.size(); i < m; ++i)
-    if (cases[i].first == "col real") cases.push_back({"col real graph", graphed(cases[i].second)});
-  // exactness of each variant against its real kernel
-  std::vector<int8_t> ref(n), got(n);
-  std::string fam;
+    if (cases[i].first == "col real" || cases[i].first == "i8 real" || cases[i].first == "copy16 vpt2 th256")
+      cases.push_back({cases[i].first + " graph", graphed(cases[i].second)});
+  // exactness of each variant against its family's real kernel (the name's first word)
+  std::map<std::string, std::vector<int8_t>> refs;
+  std::vector<int8_t> got(n);
   for (auto& [name, fn] : cases) {
     if (name.find(' ') == std::string::npos || name.rfind("copy", 0) == 0 || name.find("graph") != std::string::npos) continue;
     const std::string f = name.substr(0, name.find(' '));
@@ -268,11 +291,12 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
     fn();
     CK(cudaStreamSynchronize(g_st));
     if (name.find("real") != std::string::npos) {
-      CK(cudaMemcpy(ref.data(), q0, n, cudaMemcpyDeviceToHost));
-      fam = f;
+      refs[f].resize(n);
+      CK(cudaMemcpy(refs[f].data(), q0, n, cudaMemcpyDeviceToHost));
       continue;
     }
     CK(cudaMemcpy(got.data(), q1, n, cudaMemcpyDeviceToHost));
+    const std::vector<int8_t>& ref = refs.at(f);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) bad += got[i] != ref[i];
     if (bad) printf("MISMATCH %s %s %lld: %lld\n", dname, name.c_str(), (long long)n, (long long)bad);
@@ -284,14 +308,16 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 5, reps = argc > 2 ? atoi(argv[2]) : 60;
+  const std::string only = argc > 3 ? argv[3] : "";
   CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
   CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
   Timer tm;
   std::map<std::string, std::vector<float>> res;
   std::vector<std::string> order;
   for (int64_t rows : {4882, 12207}) {
-    run_dtype<c10::Half>("fp16", rows, 4096, tm, rounds, reps, res);
-    run_dtype<c10::BFloat16>("bf16", rows, 4096, tm, rounds, reps, res);
+    run_dtype<c10::Half>("fp16", rows, 4096, tm, rounds, reps, res, only);
+    run_dtype<c10::BFloat16>("bf16", rows, 4096, tm, rounds, reps, res, only);
+    run_dtype<float>("fp32", rows, 4096, tm, rounds, reps, res, only);
     printf("rows %lld done\n", (long long)rows);
     fflush(stdout);
   }
