@@ -16,7 +16,8 @@
 //     -L$TL -lc10 -lc10_cuda -ltorch_cpu -ltorch_cuda -ltorch -Xlinker -rpath=$TL
 //   ./hbm_probe [rounds=5] [reps=60] [name prefixes, e.g. dq8,dqf8]   # result: results/h200_hbm_probe.txt
 // The per-channel and exact-row dynamic quantizer variants are launch parameters of the csrc kernels
-// themselves. Section A of the result file (256- vs 128-thread blocks) came from this probe as of bae548f
+// themselves ('dq8'/'dqf8': INT8/e4m3; 'bracket' and 'quot': the exact-row kernel with kQuotient off or on,
+// whichever the op does not launch for that dtype; 'general': the kernel for any row length). Section A of the result file (256- vs 128-thread blocks) came from this probe as of bae548f
 // built once against that commit's csrc and once against 96013a6's (its -DFK_PROBE_256 build).
 #include "fusekit.h"
 #undef TORCH_LIBRARY_IMPL
