@@ -91,7 +91,7 @@ __device__ __forceinline__ void absmax_update(const Held<c10::BFloat16, V>& h, f
 // rounded x / s gives it too. That costs two FMAs per element instead of a division: the fp16 kernel was
 // issue-bound (0.072 -> 0.054 ms at [16384, 4096] in a standalone probe on an H200, copy floor 0.049 ms).
 // The exact-row kernel's 16-bit rows skip the bracket: div_by_recip below gives eager's quotient itself
-// in five FP instructions, with no vectors left undecided (kExactRow::kQuotient).
+// in five FP instructions, with no vectors left undecided (ExactRow::kQuotient).
 
 // eager's x / s (div.rn.f32) without a division, for a finite s >= 2^-60 and r = 1/s correctly rounded:
 // x * r and two FMA corrections, the steps div.rn.f32 itself takes after its reciprocal (Markstein: with r
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
   }
 }
 
-// Rows of exactly kTH * kRowVecs vectors (4096 elements: 16-bit in 128 threads, fp32 in 256; kExactRow): the
+// Rows of exactly kTH * kRowVecs vectors (4096 elements: 16-bit in 128 threads, fp32 in 256; ExactRow): the
 // kernel above without bounds checks or remainder loops, with at least kMinBlocks blocks per SM. Measured
 // on an H200 at 20M elements against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy
 // 0.0192 ms), both on the bracket: INT8 fp16 0.0225 -> 0.0209 ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T
 // bf16 0.0206 -> 0.0200; e4m3 fp16 0.0205 -> 0.0199, bf16 0.0212 -> 0.0200 (the bracket's near-tie calls:
 // 2-3% of bf16 vectors); fp32 0.0300-0.0301 -> 0.0302 (kept on the bracket).
 template <typename T>
-struct kExactRow {
+struct ExactRow {
   static constexpr int kThreads = sizeof(T) == 2 ? 128 : 256;
   static constexpr int kMinBlocks = sizeof(T) == 2 ? 10 : 5;  // a 48-register cap either way (42-46 used)
   static constexpr bool kQuotient = sizeof(T) == 2;
@@ -298,10 +298,10 @@ void launch_rowquant(const T* x, typename Q::Out* q, float* scales, int64_t rows
   const int64_t units = vec ? cols / V : cols;
   int threads = 32;
   while (threads < kRowThreads && int64_t(threads) * kRowVecs < units) threads *= 2;
-  if constexpr (sizeof(T) <= 4) {  // rows of 4096: 16-bit in 128 threads, fp32 in 256 (kExactRow)
-    constexpr int kTH = kExactRow<T>::kThreads;
+  if constexpr (sizeof(T) <= 4) {  // rows of 4096: 16-bit in 128 threads, fp32 in 256 (ExactRow)
+    constexpr int kTH = ExactRow<T>::kThreads;
     if (vec && units == kTH * kRowVecs) {
-      rowquant_exact_kernel<T, V, Q, kTH, kExactRow<T>::kMinBlocks, kExactRow<T>::kQuotient>
+      rowquant_exact_kernel<T, V, Q, kTH, ExactRow<T>::kMinBlocks, ExactRow<T>::kQuotient>
           <<<rows, kTH, 0, stream>>>(x, q, scales, eps);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;

@@ -167,10 +167,10 @@ std::function<void()> rowq_real(const T* x, typename Q::Out* q, float* sc, int64
   constexpr int V = 16 / sizeof(T);
   int threads = 32;
   while (threads < kRowThreads && int64_t(threads) * kRowVecs < cols / V) threads *= 2;
-  constexpr int kTH = kExactRow<T>::kThreads, kMinBlocks = kExactRow<T>::kMinBlocks;
+  constexpr int kTH = ExactRow<T>::kThreads, kMinBlocks = ExactRow<T>::kMinBlocks;
   if (!kGeneral && cols / V == kTH * kRowVecs)
     return [=] {
-      rowquant_exact_kernel<T, V, Q, kTH, kMinBlocks, kExactRow<T>::kQuotient><<<unsigned(rows), kTH, 0, g_st>>>(
+      rowquant_exact_kernel<T, V, Q, kTH, kMinBlocks, ExactRow<T>::kQuotient><<<unsigned(rows), kTH, 0, g_st>>>(
           x, q, sc, 1e-5f);
     };
   return [=] { rowquant_kernel<T, V, Q><<<unsigned(rows), threads, 0, g_st>>>(x, q, sc, cols, 1e-5f); };
