@@ -3,7 +3,11 @@ pointwise kernel) vs fusekit (one CUTLASS GEMM with the epilogue in registers), 
 (torch.bmm / cuBLAS vs fusekit::matmul_epilogue with no epilogue) and a large-matmul TFLOP/s ceiling
 measured in the same run. Generated from the batched_matmul table.
 
-    python benchmarks/bench_matmul.py --out out/ [--dtypes float16,bfloat16]
+    python benchmarks/bench_matmul.py --out out/ [--dtypes float16,bfloat16] [--rules gelu,cast]
+
+float32 rows run with TF32 allowed (torch.backends.cuda.matmul.fp32_precision = "tf32") for all three
+sides: the fp32 rules fire only there. "cast" rows return the result as .float() (the output cast that
+fusekit stores from the epilogue).
 
 Shapes are [L, M, K, N] (b is [L, K, N]); linear rows are [tokens, K -> N] with a weight [N, K]. Each
 figure is the median of triton.testing.do_bench runs (L2 flushed before each) over replays of a one-call
@@ -39,6 +43,10 @@ CASES = [(HEADLINE, c, "x".join(map(str, c))) for c in
 FORMS = [("batched_matmul.mm_bias_gelu_tanh", (8, 512, 768, 3072), "GPT-2 Conv1D addmm+gelu_new 8x512x768->3072", 1),
          ("batched_matmul.bmm_scale_bias_gelu_4d", (8, 12, 512, 64, 512, "bT"), "4-D q@k^T 8x12x512x64x512"),
          ("batched_matmul.bmm_scale_bias_gelu", (96, 512, 64, 512), "baddbmm 96x512x64x512", 0)]
+# the output cast: the same rules with the result returned as .float() (16-bit dtypes only)
+CASTS = [(HEADLINE, (96, 512, 64, 512), "cast 96x512x64x512", "float"),
+         (HEADLINE, (32, 1024, 1024, 1024), "cast 32x1024^3", "float"),
+         ("batched_matmul.linear_bias_relu_2d", (4096, 768, 3072), "cast 4096x768->3072", "float")]
 
 
 def other_cases():
@@ -64,12 +72,17 @@ def flops_of(p, args) -> int:
     return 2 * a.numel() // k * k * n
 
 
-def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
+def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list[dict], dict]:
     rows, t0 = [], time.time()
-    todo = [(c, dt) for c in [*CASES, *FORMS, *other_cases()] for dt in dtypes]
+    todo = [(c, dt) for c in [*CASES, *FORMS, *other_cases(), *CASTS] for dt in dtypes
+            if not (c[-1] == "float" and dt == torch.float32)
+            and (not rules or any(r in f"{c[0]} {c[2]}" for r in rules))]
+    prec = torch.backends.cuda.matmul.fp32_precision
     for i, ((pid, case, label, *variant), dt) in enumerate(todo, 1):
         p = registry.by_id(pid)
-        fn = p.variants[variant[0]] if variant else None
+        fn = (lambda *t, p=p: p.eager(*t).float()) if variant == ["float"] else \
+            p.variants[variant[0]] if variant else None
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if dt == torch.float32 else prec
         args = p.make_args(case, dt, "cuda")
         ind = compiled(p, "inductor", fn)
         ind(*args)
@@ -77,7 +90,8 @@ def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
             fk = compiled(p, "fusekit", fn)
             fk(*args)
         fused = sum(r.sites[p.id] for r in recs) > 0
-        res = {"pattern": pid, "shape": label, "dtype": str(dt)[6:], "fused": fused}
+        res = {"pattern": pid, "shape": label, "dtype": str(dt)[6:] + (" (TF32)" if dt == torch.float32 else ""),
+               "fused": fused, "output_casts": sum(r.output_casts["matmul_epilogue"] for r in recs)}
         eager = fn or p.eager
         res["eager"] = bench(lambda: eager(*args))
         for name, meds in measure_rounds({"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, False,
@@ -105,9 +119,11 @@ def run(dtypes, out: pathlib.Path) -> tuple[list[dict], dict]:
         print(f"[{i}/{len(todo)} {time.time() - t0:4.0f}s] {pid.split('.')[1]:22s} {label:28s} {res['dtype']:8s} "
               f"eager {res['eager']:.4f} ind {res['inductor']:.4f} fk {res['fusekit']:.4f} ms  "
               f"vs ind {res['vs_inductor']:.2f}x  plain: cublas {res['cublas_plain']:.4f} fk {res['fusekit_plain']:.4f} "
-              f"({res['plain_vs_cublas']:.2f}x){'' if fused else '  (NOT FUSED)'}", flush=True)
+              f"({res['plain_vs_cublas']:.2f}x){'' if fused else '  (NOT FUSED)'}"
+              f"{'  (cast stored)' if res['output_casts'] else ''}", flush=True)
         del args, ind, fk
         torch._dynamo.reset()
+    torch.backends.cuda.matmul.fp32_precision = prec
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     ceiling = {"what": "torch.mm 8192^3 fp16 (cuBLAS)", "tflops": 2 * 8192 ** 3 / bench(lambda: torch.mm(x, x)) / 1e9}
     return rows, ceiling
@@ -124,7 +140,7 @@ def markdown(rows, ceiling, device) -> str:
     for r in rows:
         lines.append(f"| {r['pattern'].split('.')[1]} | {r['shape']} | {r['dtype']} | {r['eager']:.4f} | "
                      f"{r['inductor']:.4f} | {r['fusekit']:.4f} | **{r['vs_inductor']:.2f}x**"
-                     f"{'' if r['fused'] else ' (not fused)'} | {r['vs_eager']:.2f}x | {r['tflops_fusekit']:.0f} | "
+                     f"{'' if r['fused'] else ' (not fused)'}{' (cast stored)' if r.get('output_casts') else ''} | {r['vs_eager']:.2f}x | {r['tflops_fusekit']:.0f} | "
                      f"{r['cublas_plain']:.4f} ({r['tflops_cublas_plain']:.0f}) | {r['fusekit_plain']:.4f} "
                      f"({r['tflops_fusekit_plain']:.0f}) | {r['plain_vs_cublas']:.2f}x | {r['max_abs_err_vs_eager']:.1e} |")
     return "\n".join(lines) + "\n"
@@ -158,7 +174,8 @@ def plot(rows, ceiling, path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench_out")
-    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--dtypes", default="float16,bfloat16", help="float32: with TF32 allowed")
+    ap.add_argument("--rules", help="comma-separated substrings of 'rule label' to run (default: all)")
     ap.add_argument("--replot", help="redraw the PNG from a matmul.json (no GPU needed)")
     a = ap.parse_args()
     if a.replot:
@@ -166,7 +183,8 @@ def main() -> None:
         plot(data["rows"], data["ceiling"], pathlib.Path(a.replot).with_suffix(".png"))
         return
     out, device = gpu_output("bench_matmul", a.out)
-    rows, ceiling = run([getattr(torch, d) for d in a.dtypes.split(",")], out)
+    rows, ceiling = run([getattr(torch, d) for d in a.dtypes.split(",")], out,
+                        a.rules.split(",") if a.rules else None)
     save(out, "matmul", {"device": device, "ceiling": ceiling, "rows": rows}, markdown(rows, ceiling, device),
          lambda path: plot(rows, ceiling, path))
     print(markdown(rows, ceiling, device))

@@ -2,32 +2,26 @@
 // runs in registers before the one store of the output (Hopper: CUTLASS 3 wgmma + TMA, warp-specialized
 // persistent kernel, fp32 accumulation).
 //
-//   def matmul_epilogue_ref(a, b, bias=None, residual=None, scale=1.0, act="none", linear=False):
+//   def matmul_epilogue_ref(a, b, bias=None, residual=None, scale=1.0, act="none", linear=False,
+//                           out_dtype=None):
 //       y = F.linear(a, b) if linear else torch.matmul(a, b)      # linear: b is a weight [N, K]
 //       y = ACT[act](y * scale + bias) + residual                 # each term only when given
+//       return y if out_dtype is None else y.to(out_dtype)        # the output cast
 //
 // Contract: a [L, M, K] or [M, K] (or [..., K] with 2-D b: leading dims flattened into M when they are
 // viewable); b [L, K, N] or [K, N] ([.., N, K] when linear); 4-D and higher a [B, H, M, K] @ b [B, H, K, N]
-// (same leading dims) run as L = B * H; fp16 or bf16, one dtype; each operand has a
-// unit stride in one of its last two dims, 16-byte-aligned data and leading/batch strides that are
-// multiples of 8 elements (TMA); K and N multiples of 8. bias [N] and residual [L, M, N] (unit last
-// stride) of the same dtype. act in {none, gelu, gelu_tanh, relu, silu}. Returns a new contiguous
-// [.., M, N] tensor of a's dtype. sm_90 only (the file is compiled only for sm_90a; elsewhere the op has
-// no CUDA kernel and the pattern stays with Inductor).
+// (same leading dims) run as L = B * H; fp16, bf16 or fp32, one dtype (fp32 runs on TF32 tensor cores,
+// as cuBLAS does under allow_tf32; a [K, N] b with a unit N stride is then copied K-major first, since
+// TF32 wgmma reads K-major operands only); each operand has a unit stride in one of its last two dims,
+// 16-byte-aligned data and leading/batch strides that are multiples of 8 elements (TMA); K and N
+// multiples of 8. bias [N] and residual [L, M, N] (unit last stride) of the same dtype. act in {none,
+// gelu, gelu_tanh, relu, silu}. out_dtype: None (a's dtype) or float32. Returns a new contiguous [.., M, N]
+// tensor. The epilogue computes in fp32; with out_dtype float32 it stores fp32 without the intermediate
+// rounding to a's dtype. sm_90 only (the files are compiled only for sm_90a; elsewhere the op has no CUDA
+// kernel and the pattern stays with Inductor).
 // Requires CUTLASS headers (pip install --no-deps nvidia-cutlass, or CUTLASS_PATH); see fusion_backend/_ext.py.
 // fusekit-build: cutlass sm_90a
-#include "fusekit.h"
-
-// CUTLASS/CuTe assert() calls become function calls inside the kernel, which makes ptxas serialize every
-// wgmma ("crossing function boundary", warning C7510). NDEBUG is set for the CUTLASS headers only, after
-// torch's: defined before them it changed c10's inline code in this object only, and an error thrown
-// from here then crashed the process (seen on torch 2.11).
-#ifndef NDEBUG
-#define NDEBUG 1
-#endif
-#include <cassert>
-
-#include "matmul_gemm.cuh"  // RuntimeAct, GemmConfig, GemmProblem, gemm_arguments
+#include "matmul_dispatch.cuh"  // GemmProblem, the configurations and their launch
 
 namespace fusekit {
 namespace {
@@ -41,82 +35,6 @@ Act parse_act(const std::string& act) {
   if (act == "relu") return kRelu;
   if (act == "silu") return kSilu;
   TORCH_CHECK(false, "fusekit: act must be one of none, gelu, gelu_tanh, relu, silu; got '", act, "'");
-}
-
-// Cooperative: both consumer warpgroups share a tile, so the epilogue runs at full width (short K, where
-// the epilogue is most of the work). Ping-pong: the warpgroups alternate tiles, so one's epilogue hides
-// under the other's MMAs (long K). EpiTile: the sub-tile the epilogue converts and stores per step; wider
-// than CUTLASS's automatic choice, fewer steps (measured on an H200, see benchmarks/NOTES.md).
-// kC: the kernel reads a C operand (the residual, beta = 1); without one, C is void (see GemmConfig).
-template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile, bool kC>
-using Gemm = GemmConfig<Element, LayoutB, Tile, Cluster,
-                        std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                           cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
-                        std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
-                                           cutlass::epilogue::TmaWarpSpecializedCooperative>,
-                        EpiTile, std::conditional_t<kC, Element, void>>;
-
-template <class G>
-void run(const GemmProblem& p, const at::Tensor& like) {
-  using Device = typename G::Device;
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = like.device().index();
-  hw.sm_count = sm_count(hw.device_id);
-
-  const typename Device::Arguments args = gemm_arguments<G>(p, hw);
-
-  Device gemm;
-  TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess,
-              "fusekit: matmul_epilogue: CUTLASS cannot run this problem (alignment or strides)");
-  const size_t ws_bytes = Device::get_workspace_size(args);
-  at::Tensor ws = at::empty({int64_t(ws_bytes)}, like.options().dtype(at::kByte));  // caching allocator
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto st = gemm.initialize(args, ws_bytes ? ws.data_ptr() : nullptr, stream);
-  TORCH_CHECK(st == cutlass::Status::kSuccess, "fusekit: matmul_epilogue: initialize failed: ",
-              cutlassGetStatusString(st));
-  st = gemm.run(stream);
-  TORCH_CHECK(st == cutlass::Status::kSuccess, "fusekit: matmul_epilogue: launch failed: ", cutlassGetStatusString(st));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-using Tile128x128 = Shape<_128, _128, _64>;
-using Tile128x64 = Shape<_128, _64, _64>;
-using Cluster1 = Shape<_1, _1, _1>;
-using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
-
-// Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
-// tiles; long K (>= 512, or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under
-// longer MMAs) ping-pong 128x128, and so does a short K without activation or residual; the rest
-// cooperative 128x128 with 128x64 epilogue steps. Without a residual the kernels have no C operand (void C:
-// CUTLASS delays each TMA store to overlap the next step's math, and frees the C buffers); ping-pong then
-// takes 64x128 epilogue steps for GELU/SiLU and for no activation at short K, 64x64 otherwise.
-// From bench_matmul and two probes of CUTLASS configurations on an H200 (benchmarks/NOTES.md), e.g. bmm +
-// bias + GELU at 1024^3: 0.1405 ms with C and 64x64 steps, 0.1380 void C, 0.1346 void C with 64x128 steps;
-// the plain GEMM at K = 64, N = 512: 0.0298 -> 0.0260 ms (cuBLAS 0.0226).
-template <class Element, class LayoutB, bool kC>
-void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
-  const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
-  if (p.N <= 64) return run<Gemm<Element, LayoutB, Tile128x64, Cluster1, false, EpiAuto, kC>>(p, like);
-  if constexpr (!kC) {
-    // No activation at short K (bmm, * scale, + bias): ping-pong with 64x128 steps, whose stores overlap the
-    // other warpgroup's tile. [96,512,64,512] plain: 0.0293 -> 0.0258 ms (cuBLAS 0.0222; session 10's probe
-    // set 3 in benchmarks/probes/matmul_configs.cu). With a GELU epilogue the same kernel took 0.0647 ms.
-    if (p.act == kNone && p.K < 512)
-      return run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _128>, kC>>(p, like);
-  }
-  if (p.K >= (light_epilogue ? 512 : 1024)) {
-    if constexpr (!kC) {
-      if (!light_epilogue) return run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _128>, kC>>(p, like);
-    }
-    run<Gemm<Element, LayoutB, Tile128x128, Cluster1, true, Shape<_64, _64>, kC>>(p, like);
-  } else {
-    run<Gemm<Element, LayoutB, Tile128x128, Cluster1, false, Shape<_128, _64>, kC>>(p, like);
-  }
-}
-template <class Element, class LayoutB>
-void dispatch(const GemmProblem& p, const at::Tensor& like) {
-  if (p.beta != 0.f) dispatch_c<Element, LayoutB, true>(p, like);
-  else dispatch_c<Element, LayoutB, false>(p, like);
 }
 
 bool ok_stride(int64_t s) { return s % 8 == 0 && s > 0; }
@@ -143,11 +61,16 @@ bool layout_of(const at::Tensor& t, bool& row_major, int64_t& ld, int64_t& batch
 
 at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, const std::optional<at::Tensor>& bias,
                                 const std::optional<at::Tensor>& residual, std::optional<double> scale, c10::string_view act,
-                                bool linear, const std::optional<at::Tensor>& scale_t) {
+                                bool linear, std::optional<at::ScalarType> out_dtype,
+                                const std::optional<at::Tensor>& scale_t) {
   FK_CHECK_CUDA(a_in);
   FK_CHECK_CUDA(b_in);
-  TORCH_CHECK(a_in.scalar_type() == at::kHalf || a_in.scalar_type() == at::kBFloat16,
-              "fusekit: matmul_epilogue: a must be float16 or bfloat16, got ", describe(a_in));
+  const at::ScalarType dt = a_in.scalar_type();
+  TORCH_CHECK(dt == at::kHalf || dt == at::kBFloat16 || dt == at::kFloat,
+              "fusekit: matmul_epilogue: a must be float16, bfloat16 or float32 (TF32), got ", describe(a_in));
+  const at::ScalarType out_dt = out_dtype.value_or(dt);
+  TORCH_CHECK(out_dt == dt || out_dt == at::kFloat, "fusekit: matmul_epilogue: out_dtype must be None, a's dtype "
+              "or float32; got ", out_dt);
   TORCH_CHECK(b_in.scalar_type() == a_in.scalar_type() && b_in.device() == a_in.device(),
               "fusekit: matmul_epilogue: b must have a's dtype and device; got a ", describe(a_in), ", b ",
               describe(b_in));
@@ -190,9 +113,14 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
               "fusekit: matmul_epilogue: b needs a unit stride in one of its last two dims, strides that are "
               "multiples of 8 and 16-byte aligned data; got ", describe(b_in));
   p.b_kmajor = !p.b_kmajor;  // a row-major [K, N] b is N-major; a column-major one is K-major
+  if (dt == at::kFloat && !p.b_kmajor) {  // TF32 wgmma reads K-major B only: copy b K-major
+    b = b.transpose(-1, -2).contiguous().transpose(-1, -2);
+    TORCH_CHECK(layout_of(b, p.b_kmajor, p.ldb, p.sb), "fusekit: matmul_epilogue: internal: b's K-major copy");
+    p.b_kmajor = !p.b_kmajor;
+  }
 
   out_shape.push_back(N);
-  at::Tensor out = at::empty(out_shape, a.options());
+  at::Tensor out = at::empty(out_shape, a.options().dtype(out_dt));
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == a.scalar_type() &&
                     bias->device() == a.device() && bias->stride(0) == 1 && aligned16(bias->data_ptr()),
@@ -203,7 +131,8 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   p.ldc = N, p.sc = M * N;
   // CUTLASS's epilogue adds C before the activation (act(alpha acc + beta C + bias)); the op's contract
   // adds the residual after it. With an activation the residual is added by a separate kernel.
-  const bool residual_in_epilogue = residual.has_value() && act_id == kNone;
+  // The kernels with a C operand are built for a's output dtype only (fp16/bf16).
+  const bool residual_in_epilogue = residual.has_value() && act_id == kNone && out_dt == dt && dt != at::kFloat;
   if (residual.has_value()) {
     TORCH_CHECK(residual->sizes() == out.sizes() && residual->scalar_type() == a.scalar_type() &&
                     residual->device() == a.device(),
@@ -233,7 +162,13 @@ at::Tensor matmul_epilogue_cuda(const at::Tensor& a_in, const at::Tensor& b_in, 
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device().index()));
   TORCH_CHECK(major == 9, "fusekit: matmul_epilogue runs on sm_90 GPUs only");
-  if (a.scalar_type() == at::kHalf) {
+  using matmul_detail::dispatch;
+  if (dt == at::kFloat) {
+    matmul_tf32(p, out);
+  } else if (out_dt == at::kFloat) {
+    if (dt == at::kHalf) matmul_fp16_f32out(p, out);
+    else matmul_bf16_f32out(p, out);
+  } else if (dt == at::kHalf) {
     if (p.b_kmajor) dispatch<cutlass::half_t, cutlass::layout::ColumnMajor>(p, out);
     else dispatch<cutlass::half_t, cutlass::layout::RowMajor>(p, out);
   } else {

@@ -77,18 +77,24 @@ struct RuntimeAct<cutlass::Array<T, N>> {
 // the epilogue is act(alpha acc + beta C + per-column bias), 16-byte aligned operands.
 // ElementC = void: no C operand (beta must be 0): no C buffers in shared memory, and CUTLASS then delays each
 // TMA store to overlap it with the next sub-tile's math (DelayTmaStore). kStages: the mainloop's pipeline
-// depth; 0: as many as fit beside the epilogue's shared memory.
+// depth; 0: as many as fit beside the epilogue's shared memory. ElementD: the output's type (float: the
+// output cast to fp32 is the epilogue's store; the bias stays Element). Element float: A and B are fp32 in
+// memory and the wgmma runs on their TF32 part (the builder maps float to tfloat32_t).
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
-          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element, int kStages = 0>
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element, int kStages = 0,
+          class ElementD = Element>
 struct GemmConfig {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
-  static constexpr int kAlign = 8;  // 16 bytes
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, Element, float, Element, Element,
+  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  static constexpr int kAlignC =  // void C: D's (unused)
+      128 / cutlass::sizeof_bits<std::conditional_t<std::is_void_v<ElementC>, ElementD, ElementC>>::value;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, ElementD, float, Element, Element,
                                                                      float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, ElementC, LayoutC,
-      kAlign, Element, LayoutC, kAlign, EpiSchedule, Fusion>::CollectiveOp;
+      kAlignC, ElementD, LayoutC, kAlignD, EpiSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
       Tile, Cluster,
@@ -105,7 +111,7 @@ struct GemmConfig {
 struct GemmProblem {
   int64_t L, M, N, K;
   const void *a, *b, *bias, *c;
-  void* d;                            // written contiguous [L, M, N]
+  void* d;                            // written contiguous [L, M, N] (of G's ElementD)
   int64_t lda, sa, ldb, sb, ldc, sc;  // leading and batch strides, in elements
   bool b_kmajor;                      // b has a unit K stride (picks G's LayoutB)
   float alpha;
@@ -130,7 +136,8 @@ typename G::Device::Arguments gemm_arguments(const GemmProblem& p, const cutlass
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(p.M), int(p.N), int(p.K), int(p.L)},
       {static_cast<const Element*>(p.a), sA, static_cast<const Element*>(p.b), sB},
-      {{}, static_cast<typename G::Kernel::ElementC const*>(p.c), sC, static_cast<Element*>(p.d), sD},
+      {{}, static_cast<typename G::Kernel::ElementC const*>(p.c), sC, static_cast<typename G::Kernel::ElementD*>(p.d),
+       sD},
       hw};
   auto& f = args.epilogue.thread;
   f.alpha = p.alpha;

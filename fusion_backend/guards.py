@@ -225,6 +225,28 @@ def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | Non
                  check)
 
 
+def tf32_enabled() -> bool:
+    """Whether fp32 CUDA matmuls may use TF32 (torch.set_float32_matmul_precision("high"), the legacy
+    torch.backends.cuda.matmul.allow_tf32 = True, or fp32_precision = "tf32"). Dynamo guards this state:
+    flipping it recompiles, so a compiled graph never keeps TF32 after it is turned off."""
+    m = torch.backends.cuda.matmul
+    prec = getattr(m, "fp32_precision", None)  # every setter updates it (torch >= 2.9)
+    return prec == "tf32" if prec is not None else bool(m.allow_tf32)
+
+
+def tf32_allowed(a: str) -> Guard:
+    """An fp32 matmul rule fires on CUDA only where TF32 is allowed: its kernel runs on TF32 tensor cores,
+    which full-fp32 eager matmuls do not. (On CPU the op is the fp32 reference itself.)"""
+    def check(s: Site) -> str | None:
+        t = s.tensor(a)
+        if t.dtype != torch.float32 or t.device.type != "cuda" or tf32_enabled():
+            return None
+        return ("float32 without TF32 (torch.backends.cuda.matmul.fp32_precision is not 'tf32'): the GEMM "
+                "would lose precision; cuBLAS's fp32 GEMM stays")
+
+    return Guard(f"tf32_allowed({a})", check)
+
+
 def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024,
                             top: int = 4096) -> Guard:
     """Measured selection for GELU (erf and tanh)/SiLU epilogues (benchmarks/results/h200_matmul.md): with

@@ -46,11 +46,11 @@ SCHEMAS = {
     "dyn_quant_i8": "dyn_quant_i8(Tensor x, float eps) -> (Tensor, Tensor)",
     "quant_fp8": "quant_fp8(Tensor x, float scale, *, Tensor? scale_t=None) -> Tensor",
     "dyn_quant_fp8": "dyn_quant_fp8(Tensor x, float eps) -> (Tensor, Tensor)",
-    # tensor-core GEMM + epilogue: act(matmul(a, b) * scale + bias) + residual; linear: b is [.., N, K];
-    # act in none/gelu/gelu_tanh/relu/silu
+    # tensor-core GEMM + epilogue: (act(matmul(a, b) * scale + bias) + residual).to(out_dtype); linear: b is
+    # [.., N, K]; act in none/gelu/gelu_tanh/relu/silu; out_dtype None (a's dtype) or float32
     "matmul_epilogue": (
         "matmul_epilogue(Tensor a, Tensor b, Tensor? bias, Tensor? residual, float? scale, str act, "
-        "bool linear, *, Tensor? scale_t=None) -> Tensor"
+        "bool linear, ScalarType? out_dtype=None, *, Tensor? scale_t=None) -> Tensor"
     ),
     # attention: softmax(q @ k^T * scale + mask) @ v; safe=True zeroes fully masked rows (SDPA's math
     # backend), safe=False leaves them NaN (a plain softmax)
@@ -166,12 +166,14 @@ def _(x, scale, zp, qmin, qmax, *, scale_t=None, zp_t=None):
 
 
 @torch.library.register_fake("fusekit::matmul_epilogue")
-def _(a, b, bias, residual, scale, act, linear, *, scale_t=None):
+def _(a, b, bias, residual, scale, act, linear, out_dtype=None, *, scale_t=None):
     bt = b.transpose(-1, -2) if linear else b
     torch._check(a.shape[-1] == bt.shape[-2] and (bt.dim() == 2 or (a.dim() == bt.dim() and
                                                                      tuple(a.shape[:-2]) == tuple(bt.shape[:-2]))),
                  lambda: f"matmul_epilogue: bad shapes {tuple(a.shape)} @ {tuple(bt.shape)}")
-    return a.new_empty((*a.shape[:-1], bt.shape[-1]))  # contiguous
+    torch._check(out_dtype in (None, a.dtype, torch.float32),
+                 lambda: f"matmul_epilogue: out_dtype must be None, a's dtype or float32, got {out_dtype}")
+    return a.new_empty((*a.shape[:-1], bt.shape[-1]), dtype=out_dtype or a.dtype)  # contiguous
 
 
 @torch.library.register_fake("fusekit::attention")

@@ -84,12 +84,14 @@ class FusekitPass(CustomGraphPass):
                         if pid not in skip:
                             registry.compiled(pid).apply(graph, dtypes)
                             _explain_misses(graph, run, pid)  # before later rules take the nodes
+                absorb_output_casts(graph, record)
                 return
             except SiteFailure as f:
                 _restore(graph, backup)
                 record.sites.clear()
                 record.nodes_replaced.clear()
                 record.fused_sites.clear()
+                record.output_casts.clear()
                 record.near_misses.clear()
                 record.errors.append(NearMiss.from_exc(f.pattern, f.node, f.exc))
                 skip.add(f.pattern)
@@ -111,6 +113,38 @@ def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
             if shared and guards.fits(pattern, m, run):
                 names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
                 run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
+
+
+# Output casts that an op stores itself (its schema's `out_dtype`): op -> (position of out_dtype, the
+# dtypes its kernels write). matmul_epilogue: fp16/bf16 -> fp32 (csrc/matmul_epilogue_f32out.cu).
+OUTPUT_CASTS = {"matmul_epilogue": (7, (torch.float32,))}
+
+
+def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:
+    """``convert_element_type(op(...), dtype)``, where the op's result has no other user, the cast result
+    is a graph output and the op can store `dtype`, becomes ``op(..., out_dtype=dtype)``: one fp32 store
+    instead of a 16-bit store plus a cast kernel that reads it back and writes fp32 (e.g. logits returned as
+    ``gelu(x @ w + b).float()``). Only for graph outputs: a cast that feeds more work is fused by Inductor
+    into that work's kernel, which then reads 16 bits per element, not 32. The fused result skips the
+    rounding to 16 bits in between (it is closer to the exact value, never farther)."""
+    convert = torch.ops.prims.convert_element_type.default
+    for name, (pos, dtypes) in OUTPUT_CASTS.items():
+        for node in list(graph.find_nodes(op="call_function", target=registry.op_overload(name))):
+            user = next(iter(node.users)) if len(node.users) == 1 else None
+            if user is None or user.target is not convert or user.args[0] is not node \
+                    or any(u.op != "output" for u in user.users):
+                continue
+            val, dtype = node.meta.get("val"), user.args[1]
+            if dtype not in dtypes or val is None or val.dtype == dtype or "val" not in user.meta \
+                    or (len(node.args) > pos and node.args[pos] is not None) or node.kwargs.get("out_dtype"):
+                continue
+            # as a keyword: Inductor's lowering of the op expects the positional arguments the node was made with
+            node.args = node.args[:pos]
+            node.kwargs = {**node.kwargs, "out_dtype": dtype}
+            node.meta["val"] = user.meta["val"]
+            user.replace_all_uses_with(node)
+            graph.erase_node(user)
+            record.output_casts[name] += 1
 
 
 _getitem = operator.getitem

@@ -40,6 +40,10 @@ class Report:
         return sum(self.sites.values())
 
     @property
+    def output_casts(self) -> collections.Counter:
+        return sum((g.output_casts for g in self.graphs), collections.Counter())
+
+    @property
     def left_to_inductor(self) -> int:
         return sum(g.left_to_inductor for g in self.graphs)
 
@@ -57,6 +61,7 @@ class Report:
             "graphs": len(self.graphs), "sites": self.total_sites,
             "nodes_before": sum(g.nodes_before for g in self.graphs),
             "left_to_inductor": self.left_to_inductor, "patterns": self.rows(),
+            "output_casts": dict(self.output_casts),
             "near_misses": [dataclasses.asdict(m) for m in self.near_misses],
             "errors": [dataclasses.asdict(e) for e in self.errors],
         }
@@ -65,7 +70,8 @@ class Report:
         before = sum(g.nodes_before for g in self.graphs)
         lines = [f"fusekit: {len(self.graphs)} graph(s), {self.total_sites} site(s) fused, "
                  f"{sum(self.nodes_replaced.values())} of {before} ATen nodes replaced, "
-                 f"{self.left_to_inductor} nodes left to Inductor"]
+                 f"{self.left_to_inductor} nodes left to Inductor"
+                 + "".join(f", {n} output cast(s) stored by fusekit::{op}" for op, n in self.output_casts.items())]
         rows = [r for r in self.rows() if r["sites"] or r["near_misses"] or r["errors"]]
         if rows:
             w = max(len("pattern"), *(len(r["pattern"]) for r in rows))

@@ -38,6 +38,8 @@ class GraphRecord:
     near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
     errors: list[NearMiss] = dataclasses.field(default_factory=list)
     fused_sites: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (pattern, site)
+    # op -> output casts it now stores itself (passes.absorb_output_casts)
+    output_casts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     graph_code: str = ""                # the graph after fusekit's pass, for tests and debugging
 
 

@@ -6,8 +6,11 @@ The rules are generated from small tables (epilogues x matmul forms: 3-D and 4-D
 x @ W + b with W [K, N]), longest epilogue first; other spellings (baddbmm, GPT-2's addmm Conv1D, HF's
 gelu_new) are variants of the same rules. Each is traced from what Inductor itself hands its post-grad pass
 (``trace="inductor"``), so the GPU graph's addmm -> mm + add unfusion, the views around a 3-D linear and
-the fp32 upcast of the activation are matched as Inductor emits them. fp16/bf16 only: fp32 matmuls (TF32
-or not) stay with Inductor and cuBLAS.
+the fp32 upcast of the activation are matched as Inductor emits them.
+
+Dtypes: fp16 and bf16; fp32 only where the graph allows TF32 on CUDA (guards.tf32_allowed; the kernel then
+runs on TF32 tensor cores, as cuBLAS does). An output cast to fp32 after any of these rules
+(``y.float()``) becomes the kernel's own fp32 store (passes.absorb_output_casts; ``out_dtype``).
 """
 from __future__ import annotations
 
@@ -27,13 +30,14 @@ ACTS = {
     "relu": F.relu,
     "silu": F.silu,
 }
-HALF = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def matmul_epilogue_ref(a: Tensor, b: Tensor, bias: Tensor = None, residual: Tensor = None,
-                        scale: float = 0.125, act: str = "none", linear: bool = False) -> Tensor:
+                        scale: float = 0.125, act: str = "none", linear: bool = False,
+                        out_dtype: torch.dtype = None) -> Tensor:
     """ACT[act](matmul(a, b) * scale + bias) + residual, each term only when given; linear: F.linear(a, b,
-    bias) with b a weight [N, K] (no scale)."""
+    bias) with b a weight [N, K] (no scale); out_dtype: the output cast (None: none)."""
     if linear:
         y = F.linear(a, b, bias)
     else:
@@ -43,7 +47,20 @@ def matmul_epilogue_ref(a: Tensor, b: Tensor, bias: Tensor = None, residual: Ten
         if bias is not None:
             y = y + bias
     y = ACTS[act](y)
-    return y if residual is None else y + residual
+    y = y if residual is None else y + residual
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def tf32_baseline(**kw) -> Tensor:
+    """The eager computation an fp32 rule replaces: it fires only where TF32 is allowed, so eager's error
+    there is TF32's (the GPU tests' error bound)."""
+    m = torch.backends.cuda.matmul
+    old = m.fp32_precision
+    m.fp32_precision = "tf32"
+    try:
+        return matmul_epilogue_ref(**kw)
+    finally:
+        m.fp32_precision = old
 
 
 def _inputs(has_bias: bool, has_residual: bool, form: str):
@@ -138,7 +155,7 @@ CUDA_DEFAULT = {"linear_bias_residual": False, "linear_bias_residual_2d": False}
 
 
 def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: str, rank: int) -> Pattern:
-    static = {"act": act, "linear": form == "linear"}
+    static = {"act": act, "linear": form == "linear", "out_dtype": None}  # out_dtype: set by the cast pass
     if not scale:
         static["scale"] = None
     if not bias:
@@ -166,10 +183,11 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
     arg_names = [n for n in ("a", "b", "bias", "residual", "scale") if n not in static]
     return Pattern(
         f"batched_matmul.{short}", cuda_default=CUDA_DEFAULT.get(short, True),
-        reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=HALF,
+        reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=DTYPES,
+        baseline=tf32_baseline,
         inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
-        guards=(G.same_dtype(*names), G.matmul_operands("a", "b", "bias" if bias else None,
+        guards=(G.same_dtype(*names), G.tf32_allowed("a"), G.matmul_operands("a", "b", "bias" if bias else None,
                                                         "residual" if residual else None, form == "linear"),
                 *([G.matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
         bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",

@@ -29,6 +29,22 @@ def cuda_patterns(flat=None):
     return out
 
 
+@pytest.fixture(autouse=True)
+def _tf32_for_fp32_matmul_rules(request):
+    """fp32 matmul rules fire only where TF32 is allowed (guards.tf32_allowed): their tests run there."""
+    spec = getattr(request.node, "callspec", None)
+    p, dt = (spec.params.get("p"), spec.params.get("dtype")) if spec else (None, None)
+    if getattr(p, "op", None) != "matmul_epilogue" or dt != torch.float32:
+        yield
+        return
+    m = torch.backends.cuda.matmul
+    old, m.fp32_precision = m.fp32_precision, "tf32"
+    try:
+        yield
+    finally:
+        m.fp32_precision = old
+
+
 def shaped_cases():
     return [pytest.param(p, dt, c, id=f"{p.id}-{str(dt)[6:]}-{'x'.join(map(str, c))}")
             for pdt in cuda_patterns(flat=False) for p, dt in [pdt.values] for c in p.gpu_cases]
@@ -397,3 +413,55 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
             op(*bad, None, None, None, "gelu", False)
     with pytest.raises(RuntimeError, match="act must be"):
         op(a, b, None, None, None, "tanh", False)
+
+
+def test_matmul_output_cast_and_tf32():
+    """out_dtype=float32 (the output cast stored by the epilogue; a residual added after it) for fp16 and
+    bf16, fp32 operands on TF32 (b N-major: copied K-major first), each within 2x eager's error against
+    float64; compiled: a returned .float() is absorbed, fp32 rules fire only where TF32 is allowed."""
+    import fusion_backend
+    from patterns.batched_matmul import matmul_epilogue_ref, tf32_baseline
+
+    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+    if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+        pytest.skip("no matmul_epilogue kernel on this GPU")
+    op = torch.ops.fusekit.matmul_epilogue
+
+    def close(out, args, kw, dtype):
+        want = matmul_epilogue_ref(*[t.double() if t is not None else None for t in args], **kw)
+        same = tf32_baseline(a=args[0], b=args[1], bias=args[2], residual=args[3], **kw)
+        assert out.dtype == (kw.get("out_dtype") or dtype) and out.shape == want.shape
+        err, err_eager = ((x.double() - want).abs().max().item() for x in (out, same))
+        assert err <= 2 * err_eager + 1e-6 * want.abs().max().item(), (dtype, kw, err, err_eager)
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        r = lambda *s: registry.rand(s, dtype, "cuda")  # noqa: E731
+        a, bias, res = r(4, 136, 64), r(200), r(4, 136, 200)
+        for b in (r(4, 64, 200) * 0.125, (r(4, 200, 64) * 0.125).transpose(1, 2)):  # N-major, K-major
+            for act, residual in (("gelu", None), ("none", None), ("silu", res), ("none", res)):
+                kw = {"scale": 0.3, "act": act}
+                if dtype != torch.float32:
+                    kw["out_dtype"] = torch.float32
+                close(op(a, b, bias, residual, 0.3, act, False, kw.get("out_dtype")), [a, b, bias, residual], kw,
+                      dtype)
+        with pytest.raises(RuntimeError, match="out_dtype"):
+            op(a, b, bias, None, 0.3, "gelu", False, torch.int8)
+    # compiled
+    args = p.make_args((8, 256, 64, 512), torch.float16, "cuda")
+    rep = fusion_backend.explain(lambda *t: p.eager(*t).float(), *args)
+    assert rep.sites[p.id] == 1 and rep.output_casts["matmul_epilogue"] == 1, str(rep)
+    assert rep.output.dtype == torch.float32
+    close(rep.output, [args[0], args[1], args[2], None], {"scale": p.scalar_defaults["scale"], "act": "gelu",
+                                                           "out_dtype": torch.float32}, torch.float16)
+    args = p.make_args((8, 256, 64, 512), torch.float32, "cuda")
+    m = torch.backends.cuda.matmul
+    old = m.fp32_precision
+    try:
+        for prec, fires in (("ieee", 0), ("tf32", 1)):
+            m.fp32_precision = prec
+            rep = fusion_backend.explain(p.search_fn(), *args)
+            assert rep.sites[p.id] == fires, str(rep)
+            assert fires or any("TF32" in x.reason for x in rep.near_misses if x.pattern == p.id), str(rep)
+            _check(p, args, rep.output) if fires else torch.testing.assert_close(rep.output, p.eager(*args))
+    finally:
+        m.fp32_precision = old

@@ -199,3 +199,46 @@ def test_size_threshold_guard(monkeypatch):
         reason = check(site)
         assert (reason is None) == ok, (numel, forced, reason)
         assert ok or "size threshold" in reason
+
+
+def test_matmul_output_cast_stored_by_the_kernel():
+    """gelu(bmm * s + b).float() returned from the graph: the cast becomes the op's out_dtype (one fp32
+    store). A cast that feeds more work (Inductor fuses it into that kernel) and a no-op cast stay."""
+    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+    for dtype in (torch.float16, torch.bfloat16):
+        args = p.make_args(p.cases[-1], dtype, "cpu")
+        rep = explain(lambda *t: p.eager(*t).float(), *args)
+        assert rep.sites[p.id] == 1 and rep.output_casts["matmul_epilogue"] == 1, str(rep)
+        code = "\n".join(g.graph_code for g in rep.graphs)
+        assert "torch.float32" in code and "prims" not in code, code
+        assert rep.output.dtype == torch.float32
+        assert_same(rep.output, p.eager(*args).float())  # the CPU op is the reference: same rounding
+        assert "output cast" in str(rep)
+        rep = explain(lambda *t: p.eager(*t).float().softmax(-1), *args)
+        assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
+        torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1))
+    args = p.make_args(p.cases[-1], torch.float32, "cpu")
+    rep = explain(lambda *t: p.eager(*t).float(), *args)
+    assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
+
+
+def test_tf32_guard(monkeypatch):
+    """fp32 matmul rules fire on CUDA only where TF32 is allowed; fp16 and CPU are not affected (stand-ins
+    for CUDA tensors: no GPU here)."""
+    from types import SimpleNamespace as NS
+
+    from fusion_backend import guards
+
+    check = guards.tf32_allowed("a").check
+    m = torch.backends.cuda.matmul
+    old = m.fp32_precision
+    try:
+        for prec, dtype, dev, ok in (("ieee", torch.float32, "cuda", False), ("tf32", torch.float32, "cuda", True),
+                                     ("ieee", torch.float16, "cuda", True), ("ieee", torch.float32, "cpu", True)):
+            m.fp32_precision = prec
+            x = NS(dtype=dtype, device=torch.device(dev))
+            reason = check(NS(tensor=lambda name: x))
+            assert (reason is None) == ok, (prec, dtype, dev, reason)
+            assert ok or "TF32" in reason
+    finally:
+        m.fp32_precision = old
