@@ -45,6 +45,7 @@ FORMS = [("batched_matmul.mm_bias_gelu_tanh", (8, 512, 768, 3072), "GPT-2 Conv1D
          ("batched_matmul.bmm_scale_bias_gelu", (96, 512, 64, 512), "baddbmm 96x512x64x512", 0)]
 # the output cast: the same rules with the result returned as .float() (16-bit dtypes only)
 CASTS = [(HEADLINE, (96, 512, 64, 512), "cast 96x512x64x512", "float"),
+         ("batched_matmul.bmm_scale_bias", (96, 512, 64, 512), "cast 96x512x64x512", "float"),
          (HEADLINE, (32, 1024, 1024, 1024), "cast 32x1024^3", "float"),
          ("batched_matmul.linear_bias_relu_2d", (4096, 768, 3072), "cast 4096x768->3072", "float")]
 
@@ -83,6 +84,8 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list
         fn = (lambda *t, p=p: p.eager(*t).float()) if variant == ["float"] else \
             p.variants[variant[0]] if variant else None
         torch.backends.cuda.matmul.fp32_precision = "tf32" if dt == torch.float32 else prec
+        if dt == torch.float32 and not p.static.get("linear") and ".mm_" not in pid and "bT" not in case:
+            case, label = (*case, "bT"), label + " bT"  # TF32 rules take a K-major b (guards.tf32_allowed)
         args = p.make_args(case, dt, "cuda")
         ind = compiled(p, "inductor", fn)
         ind(*args)

@@ -234,17 +234,26 @@ def tf32_enabled() -> bool:
     return prec == "tf32" if prec is not None else bool(m.allow_tf32)
 
 
-def tf32_allowed(a: str) -> Guard:
-    """An fp32 matmul rule fires on CUDA only where TF32 is allowed: its kernel runs on TF32 tensor cores,
-    which full-fp32 eager matmuls do not. (On CPU the op is the fp32 reference itself.)"""
+def tf32_allowed(a: str, b: str, linear: bool = False) -> Guard:
+    """An fp32 matmul rule fires on CUDA only where TF32 is allowed (its kernel runs on TF32 tensor cores,
+    which full-fp32 eager matmuls do not) and only with a K-major b (a linear weight [N, K], k.transpose(-1,
+    -2)): TF32 wgmma reads K-major operands only, and the op's copy of an N-major b measured slower than
+    Inductor at 1024^3 (0.64x) and [96,512,512,64] (0.79x) on an H200 (benchmarks/results/h200_matmul_tf32.md).
+    On CPU the op is the fp32 reference itself: no condition."""
     def check(s: Site) -> str | None:
         t = s.tensor(a)
-        if t.dtype != torch.float32 or t.device.type != "cuda" or tf32_enabled():
+        if t.dtype != torch.float32 or t.device.type != "cuda":
             return None
-        return ("float32 without TF32 (torch.backends.cuda.matmul.fp32_precision is not 'tf32'): the GEMM "
-                "would lose precision; cuBLAS's fp32 GEMM stays")
+        if not tf32_enabled():
+            return ("float32 without TF32 (torch.backends.cuda.matmul.fp32_precision is not 'tf32'): the GEMM "
+                    "would lose precision; cuBLAS's fp32 GEMM stays")
+        tb = s.tensor(b)
+        k_dim = -1 if linear else -2  # b's K dim: [.., N, K] weight, or [.., K, N]
+        if tb.stride(k_dim) != 1 and tb.shape[k_dim] != 1:
+            return f"float32 (TF32) needs a K-major {b} (unit stride along K); strides {tb.stride()}"
+        return None
 
-    return Guard(f"tf32_allowed({a})", check)
+    return Guard(f"tf32_allowed({a}, {b})", check)
 
 
 def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024,

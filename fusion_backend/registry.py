@@ -80,6 +80,14 @@ class Pattern:
     # Same-dtype eager computation whose float64 error bounds the kernel's (default: the reference).
     baseline: Callable[..., Any] | None = None
     gpu_cases: tuple[tuple, ...] | None = None  # GPU kernel-test cases, where `inputs` is not (n,)-sized
+    # Output casts the op stores itself (its `out_dtype`). A 16-bit rule whose traced pattern ends in the
+    # downcast of an fp32 computation (an activation Inductor upcasts) then also matches that computation
+    # without the downcast, where its fp32 result is a graph output, and writes it as out_dtype: the graph
+    # Inductor's pointless_convert pass leaves of `act(...).float()`. (A cast after the full pattern is
+    # absorbed by passes.absorb_output_casts.)
+    output_casts: tuple[torch.dtype, ...] = ()
+    # Also match without the expands of arguments that a traced torch.matmul carries (a direct torch.bmm).
+    expand_optional: bool = False
 
     def on_by_default(self, dtype: torch.dtype) -> bool:
         return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)
@@ -147,9 +155,10 @@ def op_overload(name: str) -> torch._ops.OpOverload:
     return getattr(torch.ops.fusekit, name).default
 
 
-def call_op(pattern: Pattern, args: Sequence[Any]) -> Any:
-    """Call the pattern's op on matched arguments; a tensor in a float slot goes to its `_t` companion."""
-    bound = dict(zip(pattern.arg_names, args)) | dict(pattern.static)
+def call_op(pattern: Pattern, args: Sequence[Any], static: Mapping[str, Any] = {}) -> Any:
+    """Call the pattern's op on matched arguments (`static` overrides the rule's static parameters); a tensor
+    in a float slot goes to its `_t` companion."""
+    bound = dict(zip(pattern.arg_names, args)) | dict(pattern.static) | dict(static)
     call_args, call_kwargs = [], {}
     for name, kind in pattern.params:
         v = bound[name]
@@ -159,10 +168,11 @@ def call_op(pattern: Pattern, args: Sequence[Any]) -> Any:
     return op_overload(pattern.op)(*call_args, **call_kwargs)
 
 
-def _replacement_fn(pattern: Pattern, inverse: Mapping[str, Callable[[Any], Any]] = {}) -> Callable[..., Any]:
+def _replacement_fn(pattern: Pattern, inverse: Mapping[str, Callable[[Any], Any]] = {},
+                    static: Mapping[str, Any] = {}) -> Callable[..., Any]:
     def replace(*args: Any) -> Any:
         args = [inverse[n](a) if n in inverse else a for n, a in zip(pattern.arg_names, args)]
-        out = call_op(pattern, args)
+        out = call_op(pattern, args, static)
         run = active_run()
         if run is not None and run.options.verify:
             out = _verified(pattern, args, out, run.current_site)
@@ -405,6 +415,31 @@ def _clone_variants(expr: Any) -> list[Any]:
             *args[1:], _users=e.users, **e.kwargs))
 
 
+def _expand_variants(expr: Any) -> list[Any]:
+    """`expr` with and without each expand of an argument: matmul's decomposition expands its operands to
+    the batch shape (a no-op at equal sizes), which a direct torch.bmm call does not."""
+    return _dag_variants(expr, lambda e: aten.expand.default in e.fns and bool(e.args)
+                         and isinstance(e.args[0], pm.KeywordArg), lambda e, args: args[0])
+
+
+def _downcast_root(expr: Any, dtype: torch.dtype) -> Any:
+    """What `expr` downcasts to `dtype` at its root (convert_element_type(X, dtype), X computed wider), or None."""
+    if isinstance(expr, pm.CallFunction) and torch.ops.prims.convert_element_type.default in expr.fns \
+            and len(expr.args) == 2 and expr.args[1] == dtype and isinstance(expr.args[0], pm.CallFunction):
+        return expr.args[0]
+    return None
+
+
+def _returned(check: Callable[[pm.Match], bool]) -> Callable[[pm.Match], bool]:
+    """`check`, and the match's result is only returned from the graph: an fp32 result that feeds more work
+    is read back by Inductor's kernel for it, and fp32 costs that kernel twice the bytes of 16 bits."""
+    def extra_check(match: pm.Match) -> bool:
+        out = match.output_nodes()[0]
+        return all(u.op == "output" for u in out.users) and check(match)
+
+    return extra_check
+
+
 class Compiled:
     """A pattern's matcher pass, filled lazily: search patterns are traced only for the (dtype, device)
     pairs that a graph actually holds, so a fp16 CUDA model never pays for tracing fp32/bf16/CPU rules."""
@@ -428,21 +463,30 @@ class Compiled:
         for fn in (None, *p.variants):
             tensors = list(p.inputs(p.trace_case, dtype, device))
             traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn)
-            replace = _replacement_fn(p, inverse)
-            shapes = _clone_variants(traced) if p.trace == "inductor" else [traced]
-            for expr in [c for e in shapes for c in _commuted(e)]:
-                key = pm.PatternPrettyPrinter.run(expr)
-                if key in self._seen:
-                    continue
-                self._seen.add(key)
-                pm.register_replacement(search, replace, tensors, pm.fwd_only, [self.pass_],
-                                        extra_check=check, scalar_workaround=dummies,
-                                        search_fn_pattern=expr, skip_duplicates=True)
-                r = _relaxed(expr)
-                key = pm.PatternPrettyPrinter.run(r)
-                if key not in self._seen_relaxed:
-                    self._seen_relaxed.add(key)
-                    self.relaxed.append(r)
+            forms = [(traced, _replacement_fn(p, inverse), check)]
+            cast = _downcast_root(traced, dtype) if torch.float32 in p.output_casts and dtype != torch.float32 \
+                else None
+            if cast is not None:  # the computation without its downcast: its fp32 result written by the op
+                forms.append((cast, _replacement_fn(p, inverse, {"out_dtype": torch.float32}), _returned(check)))
+            for i, (form, replace, chk) in enumerate(forms):
+                shapes = _clone_variants(form) if p.trace == "inductor" else [form]
+                if p.expand_optional:
+                    shapes = [x for c in shapes for x in _expand_variants(c)]
+                for expr in [c for e in shapes for c in _commuted(e)]:
+                    key = pm.PatternPrettyPrinter.run(expr)
+                    if key in self._seen:
+                        continue
+                    self._seen.add(key)
+                    pm.register_replacement(search, replace, tensors, pm.fwd_only, [self.pass_],
+                                            extra_check=chk, scalar_workaround=dummies,
+                                            search_fn_pattern=expr, skip_duplicates=True)
+                    if i:
+                        continue  # near misses are explained for the rule's own form only
+                    r = _relaxed(expr)
+                    key = pm.PatternPrettyPrinter.run(r)
+                    if key not in self._seen_relaxed:
+                        self._seen_relaxed.add(key)
+                        self.relaxed.append(r)
         G.harden_entries(p, self.pass_)
         for entries in self.pass_.patterns.values():  # longest match first: an fp16 rule that includes
             entries.sort(key=lambda e: -_size(e.pattern))  # the upcast beats the fp32 rule after it

@@ -9,8 +9,10 @@ gelu_new) are variants of the same rules. Each is traced from what Inductor itse
 the fp32 upcast of the activation are matched as Inductor emits them.
 
 Dtypes: fp16 and bf16; fp32 only where the graph allows TF32 on CUDA (guards.tf32_allowed; the kernel then
-runs on TF32 tensor cores, as cuBLAS does). An output cast to fp32 after any of these rules
-(``y.float()``) becomes the kernel's own fp32 store (passes.absorb_output_casts; ``out_dtype``).
+runs on TF32 tensor cores, as cuBLAS does). An fp16/bf16 result returned as ``.float()`` becomes the
+kernel's own fp32 store (``out_dtype``): passes.absorb_output_casts takes the cast after a rule's match, and
+a rule's fp32 form without its downcast (``output_casts``) takes the graph that Inductor's pointless_convert
+pass leaves of ``gelu(...).float()``.
 """
 from __future__ import annotations
 
@@ -37,7 +39,10 @@ def matmul_epilogue_ref(a: Tensor, b: Tensor, bias: Tensor = None, residual: Ten
                         scale: float = 0.125, act: str = "none", linear: bool = False,
                         out_dtype: torch.dtype = None) -> Tensor:
     """ACT[act](matmul(a, b) * scale + bias) + residual, each term only when given; linear: F.linear(a, b,
-    bias) with b a weight [N, K] (no scale); out_dtype: the output cast (None: none)."""
+    bias) with b a weight [N, K] (no scale); out_dtype: the output cast (None: none), stored from the fp32
+    accumulator: the epilogue then runs in out_dtype, with no rounding to a's dtype in between."""
+    if out_dtype is not None and out_dtype != a.dtype:
+        a, b, bias, residual = (None if t is None else t.to(out_dtype) for t in (a, b, bias, residual))
     if linear:
         y = F.linear(a, b, bias)
     else:
@@ -51,14 +56,23 @@ def matmul_epilogue_ref(a: Tensor, b: Tensor, bias: Tensor = None, residual: Ten
     return y if out_dtype is None else y.to(out_dtype)
 
 
+def tf32(t: Tensor) -> Tensor:
+    """fp32 `t` with the low 13 mantissa bits cleared: the TF32 value a Hopper tensor core multiplies when it
+    reads an fp32 operand (wgmma takes the top 19 bits)."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32) if t.dtype == torch.float32 else t
+
+
 def tf32_baseline(**kw) -> Tensor:
-    """The eager computation an fp32 rule replaces: it fires only where TF32 is allowed, so eager's error
-    there is TF32's (the GPU tests' error bound)."""
-    m = torch.backends.cuda.matmul
-    old = m.fp32_precision
-    m.fp32_precision = "tf32"
-    try:
+    """The error bound of the GPU tests: eager in the same dtype. For fp32, whose rules fire only where TF32
+    is allowed, that is a TF32 GEMM: the reference on TF32 operands with fp32 accumulation. (cuBLAS under
+    allow_tf32 computes that at the benchmark's shapes, but picks full-fp32 kernels at some small ones,
+    e.g. [1, 8, 8], whose error then is not TF32's.)"""
+    if kw["a"].dtype != torch.float32:
         return matmul_epilogue_ref(**kw)
+    m = torch.backends.cuda.matmul
+    old, m.fp32_precision = m.fp32_precision, "ieee"
+    try:
+        return matmul_epilogue_ref(**{**kw, "a": tf32(kw["a"]), "b": tf32(kw["b"])})
     finally:
         m.fp32_precision = old
 
@@ -184,10 +198,10 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
     return Pattern(
         f"batched_matmul.{short}", cuda_default=CUDA_DEFAULT.get(short, True),
         reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=DTYPES,
-        baseline=tf32_baseline,
+        baseline=tf32_baseline, output_casts=(torch.float32,), expand_optional=True,
         inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
-        guards=(G.same_dtype(*names), G.tf32_allowed("a"), G.matmul_operands("a", "b", "bias" if bias else None,
+        guards=(G.same_dtype(*names), G.tf32_allowed("a", "b", form == "linear"), G.matmul_operands("a", "b", "bias" if bias else None,
                                                         "residual" if residual else None, form == "linear"),
                 *([G.matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
         bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",

@@ -69,11 +69,18 @@ def test_scalars_as_tensors_and_after_recompile(p, dtype):
     assert_same(out2, p.eager(*args2))
 
 
+_VIEWS = {torch.ops.aten.expand.default, torch.ops.aten.view.default, torch.ops.aten.reshape.default,
+          torch.ops.aten._unsafe_view.default, torch.ops.aten.permute.default, torch.ops.aten.t.default,
+          torch.ops.aten.transpose.int}
+
+
 def _with_reused_intermediate(fn, args):
     """make_fx the chain and also return its first intermediate, so that value has a second user."""
     gm = fwd_only(fn, args)  # decomposed as Inductor sees it, so single-op references have intermediates
     out = next(n for n in gm.graph.nodes if n.op == "output")
-    first = next(n for n in gm.graph.nodes if n.op == "call_function" and out not in n.users)
+    # (not a view such as matmul's expand of an operand: a reused view costs nothing and the rule may fire)
+    first = next(n for n in gm.graph.nodes if n.op == "call_function" and out not in n.users
+                 and n.target not in _VIEWS)
     out.args = ((*out.args[0], first) if isinstance(out.args[0], (tuple, list)) else (out.args[0], first),)
     gm.recompile()
     return gm
@@ -85,7 +92,7 @@ def test_no_fire_when_intermediate_reused(p, dtype):
     gm = _with_reused_intermediate(p.search_fn(), args)
     rep = explain(gm, *args)
     assert rep.sites[p.id] == 0, str(rep)
-    first = next(n for n in gm.graph.nodes if n.op == "call_function")
+    first = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target not in _VIEWS)
     pattern = pm.PatternPrettyPrinter.run(registry.trace_search_pattern(p, dtype, "cpu"))
     if not (first.target is torch.ops.aten.mm.default and "aten.addmm" in pattern):
         # (a reused mm never becomes the addmm that Inductor makes of mm + bias, so nothing to explain)
@@ -204,6 +211,8 @@ def test_size_threshold_guard(monkeypatch):
 def test_matmul_output_cast_stored_by_the_kernel():
     """gelu(bmm * s + b).float() returned from the graph: the cast becomes the op's out_dtype (one fp32
     store). A cast that feeds more work (Inductor fuses it into that kernel) and a no-op cast stay."""
+    from patterns.batched_matmul import matmul_epilogue_ref
+
     p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
     for dtype in (torch.float16, torch.bfloat16):
         args = p.make_args(p.cases[-1], dtype, "cpu")
@@ -212,8 +221,21 @@ def test_matmul_output_cast_stored_by_the_kernel():
         code = "\n".join(g.graph_code for g in rep.graphs)
         assert "torch.float32" in code and "prims" not in code, code
         assert rep.output.dtype == torch.float32
-        assert_same(rep.output, p.eager(*args).float())  # the CPU op is the reference: same rounding
+        # the op stores fp32 from the fp32 accumulator: no rounding to 16 bits on the way
+        a, b, bias, s = args
+        ref32 = matmul_epilogue_ref(a, b, bias, scale=s, act="gelu", out_dtype=torch.float32)
+        assert_same(rep.output, ref32)
+        atol, rtol = p.tol[dtype]
+        torch.testing.assert_close(rep.output, p.eager(*args).float(), atol=atol, rtol=rtol)
         assert "output cast" in str(rep)
+        # the fp32 GELU of the upcast product, returned (what Inductor's pointless_convert pass leaves of
+        # gelu(...).float() on CUDA): the rule's fp32 form, out_dtype float32; not when the result feeds more work
+        up = lambda a, b, bias: torch.nn.functional.gelu((torch.matmul(a, b) * s + bias).float())  # noqa: E731
+        rep = explain(up, a, b, bias, disable=["elementwise"])  # (on CUDA fp32 GELU is off by default)
+        assert rep.sites[p.id] == 1 and rep.output.dtype == torch.float32, str(rep)
+        assert_same(rep.output, ref32)
+        rep = explain(lambda *t: up(*t) * 2, a, b, bias, disable=["elementwise"])
+        assert rep.sites[p.id] == 0, str(rep)
         rep = explain(lambda *t: p.eager(*t).float().softmax(-1), *args)
         assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
         torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1))
@@ -222,23 +244,52 @@ def test_matmul_output_cast_stored_by_the_kernel():
     assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
 
 
-def test_tf32_guard(monkeypatch):
-    """fp32 matmul rules fire on CUDA only where TF32 is allowed; fp16 and CPU are not affected (stand-ins
-    for CUDA tensors: no GPU here)."""
+def test_tf32_guard():
+    """fp32 matmul rules fire on CUDA only where TF32 is allowed and b is K-major; fp16 and CPU are not
+    affected (stand-ins for CUDA tensors: no GPU here)."""
     from types import SimpleNamespace as NS
 
     from fusion_backend import guards
 
-    check = guards.tf32_allowed("a").check
     m = torch.backends.cuda.matmul
     old = m.fp32_precision
+    kmajor, nmajor = torch.empty(4, 24, 16).transpose(1, 2), torch.empty(4, 16, 24)  # b [L, K=16, N=24]
     try:
-        for prec, dtype, dev, ok in (("ieee", torch.float32, "cuda", False), ("tf32", torch.float32, "cuda", True),
-                                     ("ieee", torch.float16, "cuda", True), ("ieee", torch.float32, "cpu", True)):
+        for prec, dtype, dev, b, ok in (("ieee", torch.float32, "cuda", kmajor, False),
+                                        ("tf32", torch.float32, "cuda", kmajor, True),
+                                        ("tf32", torch.float32, "cuda", nmajor, False),
+                                        ("ieee", torch.float16, "cuda", nmajor, True),
+                                        ("ieee", torch.float32, "cpu", nmajor, True)):
             m.fp32_precision = prec
             x = NS(dtype=dtype, device=torch.device(dev))
-            reason = check(NS(tensor=lambda name: x))
-            assert (reason is None) == ok, (prec, dtype, dev, reason)
-            assert ok or "TF32" in reason
+            reason = guards.tf32_allowed("a", "b").check(NS(tensor=lambda name: x if name == "a" else b))
+            assert (reason is None) == ok, (prec, dtype, dev, b.stride(), reason)
+            assert ok or ("TF32" in reason and (prec == "ieee" or "K-major" in reason))
+        m.fp32_precision = "tf32"  # a linear weight [N, K] is K-major when contiguous
+        w = torch.empty(24, 16)
+        site = NS(tensor=lambda name: NS(dtype=torch.float32, device=torch.device("cuda")) if name == "a" else w)
+        assert guards.tf32_allowed("a", "b", linear=True).check(site) is None
+        w = torch.empty(16, 24).t()
+        assert "K-major" in guards.tf32_allowed("a", "b", linear=True).check(site)
     finally:
         m.fp32_precision = old
+
+
+@pytest.mark.parametrize("p", [p for p in registry.all_patterns() if p.op == "matmul_epilogue"
+                               and p.id.split(".")[1].startswith("bmm_") and not p.id.endswith("_4d")],
+                         ids=lambda p: p.id)
+def test_matmul_rules_take_torch_bmm(p):
+    """The 3-D batched rules, traced from torch.matmul (whose decomposition expands the operands), also
+    take a direct torch.bmm (no expand)."""
+    from patterns.batched_matmul import ACTS
+
+    def spelled_with_bmm(*t):
+        kw = dict(zip(p.arg_names, t))
+        y = torch.bmm(kw["a"], kw["b"])
+        y = y * kw["scale"] if "scale" in kw else y
+        return ACTS[p.static["act"]](y + kw["bias"] if "bias" in kw else y)
+
+    args = p.make_args(p.cases[-1], torch.float16, "cpu")
+    rep = explain(spelled_with_bmm, *args)
+    assert rep.sites[p.id] == 1, str(rep)
+    assert_same(rep.output, p.eager(*args))
