@@ -235,21 +235,22 @@ def tf32_enabled() -> bool:
 
 
 def tf32_allowed(a: str, b: str, linear: bool = False) -> Guard:
-    """An fp32 matmul rule fires on CUDA only where TF32 is allowed (its kernel runs on TF32 tensor cores,
-    which full-fp32 eager matmuls do not) and only with a K-major b (a linear weight [N, K], k.transpose(-1,
-    -2)): TF32 wgmma reads K-major operands only, and the op's copy of an N-major b measured slower than
-    Inductor at 1024^3 (0.64x) and [96,512,512,64] (0.79x) on an H200 (benchmarks/results/h200_matmul_tf32.md).
-    On CPU the op is the fp32 reference itself: no condition."""
+    """An fp32 matmul rule fires only where TF32 is allowed (on CUDA its kernel runs on TF32 tensor cores,
+    which full-fp32 matmuls do not; on CPU, where the op is the fp32 reference, the rule keeps the same
+    condition so that a graph fuses alike on both). On CUDA b must also be K-major (a linear weight [N, K],
+    k.transpose(-1, -2)): TF32 wgmma reads K-major operands only, and the op's copy of an N-major b measured
+    slower than Inductor at 1024^3 (0.64x) and [96,512,512,64] (0.79x) on an H200 (session 12's first run;
+    benchmarks/NOTES.md)."""
     def check(s: Site) -> str | None:
         t = s.tensor(a)
-        if t.dtype != torch.float32 or t.device.type != "cuda":
+        if t.dtype != torch.float32:
             return None
         if not tf32_enabled():
             return ("float32 without TF32 (torch.backends.cuda.matmul.fp32_precision is not 'tf32'): the GEMM "
-                    "would lose precision; cuBLAS's fp32 GEMM stays")
+                    "would lose precision; the fp32 matmul stays with Inductor")
         tb = s.tensor(b)
         k_dim = -1 if linear else -2  # b's K dim: [.., N, K] weight, or [.., K, N]
-        if tb.stride(k_dim) != 1 and tb.shape[k_dim] != 1:
+        if t.device.type == "cuda" and tb.stride(k_dim) != 1 and tb.shape[k_dim] != 1:
             return f"float32 (TF32) needs a K-major {b} (unit stride along K); strides {tb.stride()}"
         return None
 

@@ -198,7 +198,8 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
     return Pattern(
         f"batched_matmul.{short}", cuda_default=CUDA_DEFAULT.get(short, True),
         reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=DTYPES,
-        baseline=tf32_baseline, output_casts=(torch.float32,), expand_optional=True,
+        baseline=tf32_baseline, output_casts=(torch.float32,),
+        expand_optional=form == "batched" and rank == 3,  # a direct torch.bmm
         inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
         guards=(G.same_dtype(*names), G.tf32_allowed("a", "b", form == "linear"), G.matmul_operands("a", "b", "bias" if bias else None,

@@ -35,3 +35,19 @@ def assert_same(out, ref):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(int(os.environ.get("FUSEKIT_TEST_SEED", "0")))
+
+
+@pytest.fixture(autouse=True)
+def _tf32_for_fp32_matmul_rules(request):
+    """fp32 matmul rules fire only where TF32 is allowed (guards.tf32_allowed): their tests run there."""
+    spec = getattr(request.node, "callspec", None)
+    p, dt = (spec.params.get("p"), spec.params.get("dtype")) if spec else (None, None)
+    if getattr(p, "op", None) != "matmul_epilogue" or dt != torch.float32:
+        yield
+        return
+    m = torch.backends.cuda.matmul
+    old, m.fp32_precision = m.fp32_precision, "tf32"
+    try:
+        yield
+    finally:
+        m.fp32_precision = old

@@ -29,22 +29,6 @@ def cuda_patterns(flat=None):
     return out
 
 
-@pytest.fixture(autouse=True)
-def _tf32_for_fp32_matmul_rules(request):
-    """fp32 matmul rules fire only where TF32 is allowed (guards.tf32_allowed): their tests run there."""
-    spec = getattr(request.node, "callspec", None)
-    p, dt = (spec.params.get("p"), spec.params.get("dtype")) if spec else (None, None)
-    if getattr(p, "op", None) != "matmul_epilogue" or dt != torch.float32:
-        yield
-        return
-    m = torch.backends.cuda.matmul
-    old, m.fp32_precision = m.fp32_precision, "tf32"
-    try:
-        yield
-    finally:
-        m.fp32_precision = old
-
-
 def shaped_cases():
     return [pytest.param(p, dt, c, id=f"{p.id}-{str(dt)[6:]}-{'x'.join(map(str, c))}")
             for pdt in cuda_patterns(flat=False) for p, dt in [pdt.values] for c in p.gpu_cases]

@@ -240,12 +240,17 @@ def test_matmul_output_cast_stored_by_the_kernel():
         assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
         torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1))
     args = p.make_args(p.cases[-1], torch.float32, "cpu")
-    rep = explain(lambda *t: p.eager(*t).float(), *args)
+    m = torch.backends.cuda.matmul
+    old, m.fp32_precision = m.fp32_precision, "tf32"  # (fp32 rules fire only where TF32 is allowed)
+    try:
+        rep = explain(lambda *t: p.eager(*t).float(), *args)
+    finally:
+        m.fp32_precision = old
     assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
 
 
 def test_tf32_guard():
-    """fp32 matmul rules fire on CUDA only where TF32 is allowed and b is K-major; fp16 and CPU are not
+    """fp32 matmul rules fire only where TF32 is allowed, and on CUDA only with a K-major b; fp16 is not
     affected (stand-ins for CUDA tensors: no GPU here)."""
     from types import SimpleNamespace as NS
 
@@ -259,7 +264,8 @@ def test_tf32_guard():
                                         ("tf32", torch.float32, "cuda", kmajor, True),
                                         ("tf32", torch.float32, "cuda", nmajor, False),
                                         ("ieee", torch.float16, "cuda", nmajor, True),
-                                        ("ieee", torch.float32, "cpu", nmajor, True)):
+                                        ("ieee", torch.float32, "cpu", nmajor, False),
+                                        ("tf32", torch.float32, "cpu", nmajor, True)):
             m.fp32_precision = prec
             x = NS(dtype=dtype, device=torch.device(dev))
             reason = guards.tf32_allowed("a", "b").check(NS(tensor=lambda name: x if name == "a" else b))
