@@ -115,11 +115,6 @@ def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
                 run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
 
 
-# Output casts that an op stores itself (its schema's `out_dtype`): op -> (position of out_dtype, the
-# dtypes its kernels write). matmul_epilogue: fp16/bf16 -> fp32 (csrc/matmul_epilogue_f32out.cu).
-OUTPUT_CASTS = {"matmul_epilogue": (7, (torch.float32,))}
-
-
 def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:
     """``convert_element_type(op(...), dtype)``, where the op's result has no other user, the cast result
     is a graph output and the op can store `dtype`, becomes ``op(..., out_dtype=dtype)``: one fp32 store
@@ -128,8 +123,11 @@ def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:
     into that work's kernel, which then reads 16 bits per element, not 32. The fused result skips the
     rounding to 16 bits in between (it is closer to the exact value, never farther)."""
     convert = torch.ops.prims.convert_element_type.default
-    for name, (pos, dtypes) in OUTPUT_CASTS.items():
-        for node in list(graph.find_nodes(op="call_function", target=registry.op_overload(name))):
+    casts = {p.op: p.output_casts for p in registry.all_patterns() if p.output_casts}  # op -> dtypes it stores
+    for name, dtypes in casts.items():
+        op = registry.op_overload(name)
+        pos = [a.name for a in op._schema.arguments].index("out_dtype")
+        for node in list(graph.find_nodes(op="call_function", target=op)):
             user = next(iter(node.users)) if len(node.users) == 1 else None
             if user is None or user.target is not convert or user.args[0] is not node \
                     or any(u.op != "output" for u in user.users):

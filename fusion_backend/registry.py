@@ -80,11 +80,11 @@ class Pattern:
     # Same-dtype eager computation whose float64 error bounds the kernel's (default: the reference).
     baseline: Callable[..., Any] | None = None
     gpu_cases: tuple[tuple, ...] | None = None  # GPU kernel-test cases, where `inputs` is not (n,)-sized
-    # Output casts the op stores itself (its `out_dtype`). A 16-bit rule whose traced pattern ends in the
+    # Output casts the op stores itself (its schema's `out_dtype`); passes.absorb_output_casts takes a cast
+    # after the rule's match where the result is returned. A 16-bit rule whose traced pattern ends in the
     # downcast of an fp32 computation (an activation Inductor upcasts) then also matches that computation
     # without the downcast, where its fp32 result is a graph output, and writes it as out_dtype: the graph
-    # Inductor's pointless_convert pass leaves of `act(...).float()`. (A cast after the full pattern is
-    # absorbed by passes.absorb_output_casts.)
+    # Inductor's pointless_convert pass leaves of `act(...).float()`.
     output_casts: tuple[torch.dtype, ...] = ()
     # Also match without the expands of arguments that a traced torch.matmul carries (a direct torch.bmm).
     expand_optional: bool = False
