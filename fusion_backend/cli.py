@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 
@@ -132,7 +133,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    return a.fn(a)
+    try:
+        return a.fn(a)
+    except BrokenPipeError:  # the reader left early (`fusekit doctor | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The `fusekit` command on CPU (tiny configurations): every subcommand runs and writes what it says."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,17 @@ def test_console_script_is_installed():
     assert exe, "pip install -e . installs the `fusekit` command"
     out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
     assert all(c in out for c in ("bench", "profile", "explain", "doctor"))
+
+
+def test_closed_output_pipe_is_not_an_error():
+    """`fusekit doctor | head -5`: the reader may leave before the writer is done (a broken pipe)."""
+    r, w = os.pipe()
+    os.close(r)  # every write to w now fails with EPIPE
+    try:
+        p = subprocess.run([shutil.which("fusekit"), "doctor"], stdout=w, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
 
 
 def test_doctor_lists_every_pattern_per_dtype(capsys):
