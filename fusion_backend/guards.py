@@ -6,9 +6,10 @@ dtype, device and scalar guards; the table adds shape, stride and contiguity gua
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -232,6 +233,17 @@ def tf32_enabled() -> bool:
     m = torch.backends.cuda.matmul
     prec = getattr(m, "fp32_precision", None)  # every setter updates it (torch >= 2.9)
     return prec == "tf32" if prec is not None else bool(m.allow_tf32)
+
+
+@contextlib.contextmanager
+def fp32_matmul_precision(prec: str) -> Iterator[None]:
+    """torch.backends.cuda.matmul.fp32_precision set to `prec` ("tf32" or "ieee") inside the block."""
+    m = torch.backends.cuda.matmul
+    old, m.fp32_precision = m.fp32_precision, prec
+    try:
+        yield
+    finally:
+        m.fp32_precision = old
 
 
 def tf32_allowed(a: str, b: str, linear: bool = False) -> Guard:

@@ -69,12 +69,8 @@ def tf32_baseline(**kw) -> Tensor:
     e.g. [1, 8, 8], whose error then is not TF32's.)"""
     if kw["a"].dtype != torch.float32:
         return matmul_epilogue_ref(**kw)
-    m = torch.backends.cuda.matmul
-    old, m.fp32_precision = m.fp32_precision, "ieee"
-    try:
+    with G.fp32_matmul_precision("ieee"):
         return matmul_epilogue_ref(**{**kw, "a": tf32(kw["a"]), "b": tf32(kw["b"])})
-    finally:
-        m.fp32_precision = old
 
 
 def _inputs(has_bias: bool, has_residual: bool, form: str):
@@ -202,8 +198,9 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
         expand_optional=form == "batched" and rank == 3,  # a direct torch.bmm
         inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
-        guards=(G.same_dtype(*names), G.tf32_allowed("a", "b", form == "linear"), G.matmul_operands("a", "b", "bias" if bias else None,
-                                                        "residual" if residual else None, form == "linear"),
+        guards=(G.same_dtype(*names), G.tf32_allowed("a", "b", form == "linear"),
+                G.matmul_operands("a", "b", "bias" if bias else None, "residual" if residual else None,
+                                  form == "linear"),
                 *([G.matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
         bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
     )

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fusion_backend
-from fusion_backend import registry
+from fusion_backend import guards, registry
 
 CPU = {"cpu_reference": True}
 HAS_GPU = torch.cuda.is_available()
@@ -45,9 +45,5 @@ def _tf32_for_fp32_matmul_rules(request):
     if getattr(p, "op", None) != "matmul_epilogue" or dt != torch.float32:
         yield
         return
-    m = torch.backends.cuda.matmul
-    old, m.fp32_precision = m.fp32_precision, "tf32"
-    try:
+    with guards.fp32_matmul_precision("tf32"):
         yield
-    finally:
-        m.fp32_precision = old

@@ -6,7 +6,7 @@ the fused result is at most 2x as far from a float64 reference as eager in the s
 import pytest
 import torch
 
-from fusion_backend import _ext, registry
+from fusion_backend import _ext, guards, registry
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -451,14 +451,9 @@ def test_matmul_output_cast_and_tf32():
         assert rep.sites[p2.id] == 1 and rep.output_casts["matmul_epilogue"] == 1, str(rep)
         close(rep.output, [*args[:3], None], {"scale": s, "out_dtype": torch.float32}, dtype)
     args = p.make_args((8, 256, 64, 512, "bT"), torch.float32, "cuda")  # TF32: a K-major b
-    m = torch.backends.cuda.matmul
-    old = m.fp32_precision
-    try:
-        for prec, fires in (("ieee", 0), ("tf32", 1)):
-            m.fp32_precision = prec
+    for prec, fires in (("ieee", 0), ("tf32", 1)):
+        with guards.fp32_matmul_precision(prec):
             rep = fusion_backend.explain(p.search_fn(), *args)
             assert rep.sites[p.id] == fires, str(rep)
             assert fires or any("TF32" in x.reason for x in rep.near_misses if x.pattern == p.id), str(rep)
             _check(p, args, rep.output) if fires else torch.testing.assert_close(rep.output, p.eager(*args))
-    finally:
-        m.fp32_precision = old

@@ -8,7 +8,7 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.pattern_matcher import fwd_only
 
 from conftest import assert_same, explain, pattern_params
-from fusion_backend import registry, stats
+from fusion_backend import guards, registry, stats
 from fusion_backend.report import _fresh_compile
 
 
@@ -240,12 +240,8 @@ def test_matmul_output_cast_stored_by_the_kernel():
         assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
         torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1))
     args = p.make_args(p.cases[-1], torch.float32, "cpu")
-    m = torch.backends.cuda.matmul
-    old, m.fp32_precision = m.fp32_precision, "tf32"  # (fp32 rules fire only where TF32 is allowed)
-    try:
+    with guards.fp32_matmul_precision("tf32"):  # (fp32 rules fire only where TF32 is allowed)
         rep = explain(lambda *t: p.eager(*t).float(), *args)
-    finally:
-        m.fp32_precision = old
     assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
 
 
@@ -254,31 +250,24 @@ def test_tf32_guard():
     affected (stand-ins for CUDA tensors: no GPU here)."""
     from types import SimpleNamespace as NS
 
-    from fusion_backend import guards
-
-    m = torch.backends.cuda.matmul
-    old = m.fp32_precision
     kmajor, nmajor = torch.empty(4, 24, 16).transpose(1, 2), torch.empty(4, 16, 24)  # b [L, K=16, N=24]
-    try:
-        for prec, dtype, dev, b, ok in (("ieee", torch.float32, "cuda", kmajor, False),
-                                        ("tf32", torch.float32, "cuda", kmajor, True),
-                                        ("tf32", torch.float32, "cuda", nmajor, False),
-                                        ("ieee", torch.float16, "cuda", nmajor, True),
-                                        ("ieee", torch.float32, "cpu", nmajor, False),
-                                        ("tf32", torch.float32, "cpu", nmajor, True)):
-            m.fp32_precision = prec
-            x = NS(dtype=dtype, device=torch.device(dev))
+    for prec, dtype, dev, b, ok in (("ieee", torch.float32, "cuda", kmajor, False),
+                                    ("tf32", torch.float32, "cuda", kmajor, True),
+                                    ("tf32", torch.float32, "cuda", nmajor, False),
+                                    ("ieee", torch.float16, "cuda", nmajor, True),
+                                    ("ieee", torch.float32, "cpu", nmajor, False),
+                                    ("tf32", torch.float32, "cpu", nmajor, True)):
+        x = NS(dtype=dtype, device=torch.device(dev))
+        with guards.fp32_matmul_precision(prec):
             reason = guards.tf32_allowed("a", "b").check(NS(tensor=lambda name: x if name == "a" else b))
-            assert (reason is None) == ok, (prec, dtype, dev, b.stride(), reason)
-            assert ok or ("TF32" in reason and (prec == "ieee" or "K-major" in reason))
-        m.fp32_precision = "tf32"  # a linear weight [N, K] is K-major when contiguous
-        w = torch.empty(24, 16)
-        site = NS(tensor=lambda name: NS(dtype=torch.float32, device=torch.device("cuda")) if name == "a" else w)
+        assert (reason is None) == ok, (prec, dtype, dev, b.stride(), reason)
+        assert ok or ("TF32" in reason and (prec == "ieee" or "K-major" in reason))
+    w = torch.empty(24, 16)  # a linear weight [N, K] is K-major when contiguous
+    site = NS(tensor=lambda name: NS(dtype=torch.float32, device=torch.device("cuda")) if name == "a" else w)
+    with guards.fp32_matmul_precision("tf32"):
         assert guards.tf32_allowed("a", "b", linear=True).check(site) is None
         w = torch.empty(16, 24).t()
         assert "K-major" in guards.tf32_allowed("a", "b", linear=True).check(site)
-    finally:
-        m.fp32_precision = old
 
 
 @pytest.mark.parametrize("p", [p for p in registry.all_patterns() if p.op == "matmul_epilogue"
