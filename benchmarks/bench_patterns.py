@@ -8,10 +8,12 @@ and fusekit take turns over --rounds rounds (default 3); their figure is the med
 their ± the spread across rounds, so a drift of clocks or a busy host reaches both sides of the ratio. Sizes
 that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows), as replays of a
 CUDA graph of back-to-back calls, so the GPU time is measured rather than the host's launch overhead;
-larger ones with triton.testing.do_bench, which flushes the L2 before every run, over replays of a
-one-call CUDA graph (a compiled call's host work could otherwise outlast the flush and be timed); the copy
-there is timed as called. Writes bench.md, bench.json and bench.png (speedup over Inductor and % of copy
-bandwidth per pattern).
+larger ones after an L2 flush before every run, over replays of a one-call CUDA graph (a compiled call's
+host work could otherwise outlast the flush and be timed); the copy there is timed as called, and takes its
+turn in the rounds with Inductor and fusekit. --flush clean (default): do_bench's loop with a flush that
+leaves the L2 clean (see clean_flushed); --flush zero: triton.testing.do_bench itself, whose flush leaves
+256 MB of dirty zeros to be written back inside the next timed call. Writes bench.md, bench.json and
+bench.png (speedup over Inductor and % of copy bandwidth per pattern).
 """
 from __future__ import annotations
 
@@ -93,10 +95,45 @@ def _time_calls(fn, reps: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def timer(fn, hot: bool, graph: bool = True):
+_FLUSH_BUF: list = []
+
+
+def clean_flushed(fn, warmup: float = 25, rep: float = 200) -> list[float]:
+    """triton.testing.do_bench's loop (time budgets in ms, the L2 flushed before every timed call, events
+    around the call alone; per-call times) with another flush. do_bench zeroes a 256 MB buffer, which leaves
+    the L2 full of dirty lines; their write-back then runs inside the timed call. On an H200 (session 13,
+    benchmarks/NOTES.md) that added 2.9 us to per-row INT8 at 20M fp16 (19.87 -> 16.93 us), 5.1 us to
+    exp((x+y)*2) and 2.2 us to the D2D copy of the same bytes, so % of copy read 3-6 points low and unevenly.
+    Reading the buffer evicts as well and leaves clean lines (zeroing first, then reading: the same times)."""
+    if not _FLUSH_BUF:
+        _FLUSH_BUF += [torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda"),
+                       torch.empty((), dtype=torch.int32, device="cuda")]
+    buf, sink = _FLUSH_BUF
+
+    def flush():
+        torch.amax(buf, dim=0, out=sink)
+
+    def timed(n: int) -> list[float]:
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for a, b in ev:
+            flush()
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in ev]
+
+    fn()
+    torch.cuda.synchronize()
+    est = max(1e-3, statistics.fmean(timed(5)))
+    timed(max(1, int(warmup / est)))
+    return timed(max(1, int(rep / est)))
+
+
+def timer(fn, hot: bool, graph: bool = True, flush: str = "zero"):
     """A function of a share (0, 1] of one measurement's budget that returns per-call times (ms): graph
-    replays for L2-resident sizes, else triton.testing.do_bench, which flushes the L2 before every run
-    (over graph replays unless graph=False)."""
+    replays for L2-resident sizes, else runs after an L2 flush (over graph replays unless graph=False):
+    triton.testing.do_bench (flush="zero") or clean_flushed (flush="clean")."""
     if hot:
         replays = hot_timer(fn)
         return lambda share=1.0: replays(max(10, round(50 * share)))
@@ -106,18 +143,22 @@ def timer(fn, hot: bool, graph: bool = True):
     # a busy host) can outlast do_bench's L2 flush and then lands in the timed interval, one launch cannot.
     g = graph_of(fn, 1) if graph else None
     run = g.replay if g is not None else fn
+    if flush == "clean":
+        return lambda share=1.0: clean_flushed(run, warmup=25, rep=max(40, round(200 * share)))
     return lambda share=1.0: do_bench(run, warmup=25, rep=max(40, round(200 * share)), return_mode="all")
 
 
-def measure(fn, hot: bool, graph: bool = True) -> tuple[float, float]:
-    ts = timer(fn, hot, graph)()
+def measure(fn, hot: bool, graph: bool = True, flush: str = "zero") -> tuple[float, float]:
+    ts = timer(fn, hot, graph, flush)()
     return statistics.median(ts), statistics.pstdev(ts)
 
 
-def measure_rounds(fns: dict, hot: bool, rounds: int) -> dict[str, list[float]]:
+def measure_rounds(fns: dict, hot: bool, rounds: int, flush: str = "zero",
+                   ungraphed: tuple = ()) -> dict[str, list[float]]:
     """Per-round medians of each function, the functions taking turns in every round, so that a drift of
-    clocks or a busy host between rounds reaches all of them (the fusekit / Inductor ratio)."""
-    timers = {name: timer(fn, hot) for name, fn in fns.items()}
+    clocks or a busy host between rounds reaches all of them (the fusekit / Inductor ratio, % of copy).
+    Functions named in `ungraphed` are timed as called."""
+    timers = {name: timer(fn, hot, name not in ungraphed, flush) for name, fn in fns.items()}
     meds = {name: [] for name in fns}
     for _ in range(rounds):
         for name, t in timers.items():
@@ -155,7 +196,7 @@ def compiled(p, backend: str, fn=None):
     return torch.compile(fn or p.search_fn(), backend=backend, dynamic=False)
 
 
-def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3) -> list[dict]:
+def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3, flush: str = "clean") -> list[dict]:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows, todo = [], [(p, dt, n) for p in patterns for dt in p.dtypes if dt in dtypes or p.dtypes == (torch.int8,)
                       for n in sizes]
@@ -179,11 +220,12 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3) -> list[dic
                "fires_by_default": p.on_by_default(dt) and numel >= p.min_numel(dt)}
         # The copy at HBM sizes is timed as called: in a CUDA graph, a device-to-device copy becomes a memcpy
         # node that ran at 60-75% of the called copy's speed at some sizes (session 9), which would inflate
-        # every kernel's % of copy. Its launch (a few us) never outlasts do_bench's L2 flush.
-        res["copy"], res["copy_std"] = measure(lambda: dst.copy_(src), hot, graph=False)
-        res["eager"], res["eager_std"] = measure(lambda: p.eager(*args), hot)
-        for name, meds in measure_rounds({"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, hot,
-                                         rounds).items():  # the median of the rounds; std across them
+        # every kernel's % of copy. Its launch (a few us) never outlasts the L2 flush. It takes its turn in
+        # the rounds: measured once per row, it varied by 5% between runs (0.0189 vs 0.0198 ms at 20M).
+        res["eager"], res["eager_std"] = measure(lambda: p.eager(*args), hot, flush=flush)
+        for name, meds in measure_rounds({"copy": lambda: dst.copy_(src), "inductor": lambda: ind(*args),
+                                          "fusekit": lambda: fk(*args)}, hot, rounds, flush,
+                                         ungraphed=("copy",)).items():  # the median of the rounds; std across them
             res[name], res[name + "_std"] = statistics.median(meds), statistics.pstdev(meds)
             res[name + "_rounds"] = meds
         res["gbps"] = moved / res["fusekit"] / 1e6
@@ -201,15 +243,15 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3) -> list[dic
     return rows
 
 
-def headline_dyn_quant() -> dict:
+def headline_dyn_quant(flush: str = "clean") -> dict:
     """Dynamic per-token INT8 on [16384, 4096] fp16, the issue's target shape."""
     p = registry.by_id("quantize.dyn_quant_i8")
     args = p.make_args((16384, 4096), torch.float16, "cuda")
     ind, fk = compiled(p, "inductor"), compiled(p, "fusekit")
     ind(*args), fk(*args)
-    t = {"eager": measure(lambda: p.eager(*args), hot=False)[0]}
+    t = {"eager": measure(lambda: p.eager(*args), hot=False, flush=flush)[0]}
     t.update({k: statistics.median(m) for k, m in measure_rounds(
-        {"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, hot=False, rounds=5).items()})
+        {"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, hot=False, rounds=5, flush=flush).items()})
     moved = 16384 * 4096 * 3 + 16384 * 4
     return {**t, "speedup_vs_inductor": t["inductor"] / t["fusekit"], "fusekit_gbps": moved / t["fusekit"] / 1e6}
 
@@ -267,7 +309,9 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float16,bfloat16,float32")
     ap.add_argument("--patterns", default=None, help="comma-separated ids or families")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved Inductor/fusekit rounds per row")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved copy/Inductor/fusekit rounds per row")
+    ap.add_argument("--flush", choices=("clean", "zero"), default="clean",
+                    help="L2 flush at HBM sizes: clean (read 256 MB; default) or zero (do_bench's)")
     a = ap.parse_args()
     out, device = gpu_output("bench_patterns", a.out)
     ids = registry.select(a.patterns.split(",") if a.patterns else None)
@@ -275,9 +319,11 @@ def main() -> None:
             and registry.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
     dtypes = {getattr(torch, d) for d in a.dtypes.split(",")}
     print(f"{device}: {len(pats)} patterns", flush=True)
-    rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out, a.rounds)
-    head = headline_dyn_quant() if any(p.id == "quantize.dyn_quant_i8" for p in pats) else {}
-    save(out, "bench", {"device": device, "rows": rows, "dyn_quant_headline": head}, markdown(rows, head, device),
+    rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out, a.rounds, a.flush)
+    head = headline_dyn_quant(a.flush) if any(p.id == "quantize.dyn_quant_i8" for p in pats) else {}
+    device += f", L2 flush: {a.flush}"
+    save(out, "bench", {"device": device, "flush": a.flush, "rows": rows, "dyn_quant_headline": head},
+         markdown(rows, head, device),
          lambda path: plot(rows, path))
     worst = sorted(rows, key=lambda r: r["vs_inductor"])[:8]
     print("\nslowest vs Inductor:", *[f"  {r['pattern']} {r['dtype']} {r['numel']:,}: {r['vs_inductor']:.2f}x"

@@ -233,6 +233,32 @@ def test_quant_channel_rounding_boundaries(per_row, dtype):
     for xs in (x, _bits_step(x, 1), _bits_step(x, -1)):
         args = [xs, sc, z, -128, 127]
         _check(p, args, _run(p, args))
+        if per_row:  # the same rows inside rows of 4096 + 264, as bench_patterns' rows of 4096
+            wide = torch.randn(xs.shape[0], 4096 + xs.shape[1], device="cuda").to(dtype)
+            wide[:, 1000:1000 + xs.shape[1]] = xs
+            args = [wide, sc, z, -128, 127]
+            _check(p, args, _run(p, args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cols", [1024, 1032, 2040, 4096, 4104, 8200])
+def test_quant_per_row_wide_rows(cols, dtype):
+    """Per-row INT8 on realistic row lengths (the other tests' rows are short): rows spanning several
+    blocks, 37 rows (not a multiple of the 4 rows per thread), widths that are multiples of the vector but
+    not of the block. Random data across the clamp, random scales and zero points (a NaN zero point, an
+    inf and a NaN x among them), bit-exact with eager."""
+    p = registry.by_id("quantize.quant_i8_per_row")
+    if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
+        pytest.skip("no kernel")
+    g = torch.Generator(device="cuda").manual_seed(cols)
+    rows = 37
+    x = (torch.randn(rows, cols, device="cuda", generator=g) * 4).to(dtype)
+    x[3, 7], x[5, cols - 1] = float("inf"), float("nan")
+    sc = torch.rand(rows, 1, device="cuda", generator=g) * 0.05 + 0.01
+    z = torch.randint(-5, 6, (rows, 1), device="cuda", generator=g).float()
+    z[11] = float("nan")
+    args = [x, sc, z, -128, 127]
+    _check(p, args, _run(p, args))
 
 
 @pytest.mark.parametrize("p,dtype", cuda_patterns())
