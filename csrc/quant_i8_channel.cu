@@ -76,11 +76,13 @@ __device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float,
 // the per-column scale and zp vectors are loaded once for R rows, the row/column split is one 32-bit
 // multiply-shift per thread (IntDivider), and all R loads are issued before any math. The first version
 // (one vector per thread, a 64-bit division or modulo per vector, scale/zp reloaded per vector) ran at
-// 67-89% of copy (benchmarks/NOTES.md). Blocks of 128 threads rather than 256, at 20M elements on an H200
-// (benchmarks/probes/hbm_launch_shapes.cu): per column fp16 0.0208 -> 0.0205 ms, bf16 0.0210 -> 0.0207 ms;
-// per row bf16 0.0205 -> 0.0203 ms (copy of the same bytes: 0.0192 ms).
+// 67-89% of copy (benchmarks/NOTES.md). Blocks of 64 threads, at 20M elements on an H200
+// (benchmarks/probes/hbm_launch_shapes.cu, 7 interleaved rounds; copy of the same bytes 0.0190 ms), 256 ->
+// 128 -> 64 threads: per column fp16 0.0205 -> 0.0204 -> 0.0202 ms, bf16 0.0208 -> 0.0206 -> 0.0204; per row
+// fp16 0.0202 -> 0.0202 -> 0.0197, bf16 0.0201 -> 0.0201 -> 0.0196; fp32 0.0297-0.0299 in all three. 6 or 8
+// rows per thread: slower (per column bf16 0.0205 and 0.0216 ms with 128 threads).
 constexpr int kChannelRows = 4;
-constexpr int kChannelThreads = 128;
+constexpr int kChannelThreads = 64;
 
 // TH threads per block, R rows per thread: parameters so that benchmarks/probes/hbm_launch_shapes.cu can time
 // other launch shapes of this very kernel; the op launches the defaults.

@@ -246,7 +246,9 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
       {"col real", chan_launch<T, false>(x, s, z, q0, rows, cols)},
       {"col r4 th256", chan_launch<T, false, 256, 4>(x, s, z, q1, rows, cols)},
       {"col r2 th128", chan_launch<T, false, 128, 2>(x, s, z, q1, rows, cols)},
-      {"col r4 th64", chan_launch<T, false, 64, 4>(x, s, z, q1, rows, cols)},
+      {"col r4 th128", chan_launch<T, false, 128, 4>(x, s, z, q1, rows, cols)},
+      {"col r8 th128", chan_launch<T, false, 128, 8>(x, s, z, q1, rows, cols)},
+      {"col r6 th128", chan_launch<T, false, 128, 6>(x, s, z, q1, rows, cols)},
       {"dq8 real", rowq_real<T, ToI8>(x, q0, sc, rows, cols)},
       {"dq8 general", rowq_real<T, ToI8, true>(x, q1, sc, rows, cols)},
 
@@ -255,6 +257,7 @@ void run_dtype(const char* dname, int64_t rows, int64_t cols, Timer& tm, int rou
 
       {"row real", chan_launch<T, true>(x, s, z, q0, rows, cols)},
       {"row r4 th256", chan_launch<T, true, 256, 4>(x, s, z, q1, rows, cols)},
+      {"row r4 th128", chan_launch<T, true, 128, 4>(x, s, z, q1, rows, cols)},
   };
   if constexpr (sizeof(T) == 2) {  // the exact-row kernel with other caps
     // the exact-row kernel on the bracket (kQuotient = false: csrc before session 11's change)
