@@ -103,7 +103,7 @@ def clean_flushed(fn, warmup: float = 25, rep: float = 200) -> list[float]:
     around the call alone; per-call times) with another flush. do_bench zeroes a 256 MB buffer, which leaves
     the L2 full of dirty lines; their write-back then runs inside the timed call. On an H200 (session 13,
     benchmarks/NOTES.md) that added 2.9 us to per-row INT8 at 20M fp16 (19.87 -> 16.93 us), 5.1 us to
-    exp((x+y)*2) and 2.2 us to the D2D copy of the same bytes, so % of copy read 3-6 points low and unevenly.
+    exp((x+y)*2) and 2.2 us to the D2D copy of the same bytes, so % of copy read 1-4 points low, unevenly.
     Reading the buffer evicts as well and leaves clean lines (zeroing first, then reading: the same times)."""
     if not _FLUSH_BUF:
         _FLUSH_BUF.extend([torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda"),
