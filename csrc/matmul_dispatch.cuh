@@ -35,13 +35,13 @@ using namespace cute;
 // than CUTLASS's automatic choice, fewer steps (measured on an H200, see benchmarks/NOTES.md).
 // kC: the kernel reads a C operand (the residual, beta = 1); without one, C is void (see GemmConfig).
 template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile, bool kC,
-          class ElementD>
+          class ElementD, bool kPlain = false>
 using Gemm = GemmConfig<Element, LayoutB, Tile, Cluster,
                         std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                            cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
                         std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                            cutlass::epilogue::TmaWarpSpecializedCooperative>,
-                        EpiTile, std::conditional_t<kC, Element, void>, 0, ElementD>;
+                        EpiTile, std::conditional_t<kC, Element, void>, 0, ElementD, kPlain>;
 
 template <class G>
 void run(const GemmProblem& p, const at::Tensor& like) {
@@ -93,6 +93,13 @@ void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
     // No activation at short K (bmm, * scale, + bias): ping-pong with 64x128 steps, whose stores overlap the
     // other warpgroup's tile. [96,512,64,512] plain: 0.0293 -> 0.0258 ms (cuBLAS 0.0222; session 10's probe
     // set 3 in benchmarks/probes/matmul_configs.cu). With a GELU epilogue the same kernel took 0.0647 ms.
+    // With no bias either, in 16 bits (session 13): CUTLASS's LinearCombination epilogue, ping-pong with
+    // CUTLASS's epilogue steps: 0.0265 -> 0.0221 ms there in probe set 4, cuBLAS 0.0228 (the 64x128-step
+    // LinearCombination kernel 0.0228; at 1024^3 the EVT kernel stays ahead, 0.1114 against 0.1142-0.1155).
+    if constexpr (std::is_same_v<ElementD, Element> && sizeof(Element) == 2) {
+      if (p.act == kNone && p.K < 512 && p.bias == nullptr)
+        return run<Gemm<Element, LayoutB, Tile128x128<Element>, Cluster1, true, EpiAuto, kC, ElementD, true>>(p, like);
+    }
     if (p.act == kNone && p.K < 512)
       return run<Gemm<Element, LayoutB, Tile128x128<Element>, Cluster1, true, Shape<_64, _128>, kC, ElementD>>(p, like);
   }
