@@ -34,6 +34,9 @@ template <class G>
 int run(int L, int M, int N, int K, const void* a, const void* b, const void* bias, void* d, float alpha, int act,
         void* ws, size_t ws_bytes, void* stream, int sm_count) {
   using Device = typename G::Device;
+  if constexpr (G::kPlain) {
+    if (bias || act) return -5;  // the plain epilogue has neither
+  }
   fusekit::GemmProblem p{};  // contiguous a [L, M, K], b [L, K, N]; d [L, M, N] doubles as the unread C
   p.L = L, p.M = M, p.N = N, p.K = K;
   p.a = a, p.b = b, p.bias = bias, p.c = d, p.d = d;
@@ -52,45 +55,11 @@ int run(int L, int M, int N, int K, const void* a, const void* b, const void* bi
 }
 
 // Set 4 (session 13): the plain GEMM (no bias, no activation, alpha only) through CUTLASS's LinearCombination
-// epilogue instead of the kernel's EVT (LinCombPerColBiasEltAct with a null bias and act none): the EVT's
-// cost where K is short and the output store bounds the kernel ([96,512,64,512]: plain 0.85-0.89x of cuBLAS).
+// epilogue (GemmConfig's kPlainEpilogue, void C) instead of the kernel's EVT (LinCombPerColBiasEltAct with a
+// null bias and act none): the EVT's cost where K is short and the output store bounds the kernel
+// ([96,512,64,512]: plain 0.85-0.89x of cuBLAS before).
 template <class Tile, class MainSched, class EpiSched, class EpiTile>
-struct LcConfig {
-  using Fusion = cutlass::epilogue::fusion::LinearCombination<H, float, void, float>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, C1, EpiTile, float, float, void, RM, 8, H, RM, 8,
-      EpiSched, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, H, RM, 8, H, RM, 8, float, Tile, C1,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      MainSched>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
-
-template <class G>
-int run_lc(int L, int M, int N, int K, const void* a, const void* b, const void* bias, void* d, float alpha, int act,
-           void* ws, size_t ws_bytes, void* stream, int sm_count) {
-  if (bias || act) return -5;  // plain only
-  using Device = typename G::Device;
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = 0;
-  hw.sm_count = sm_count;
-  const auto sA = make_stride(int64_t(K), Int<1>{}, int64_t(M) * K);
-  const auto sB = make_stride(Int<1>{}, int64_t(N), int64_t(K) * N);  // b [K, N] row-major: unit N stride
-  const auto sD = make_stride(int64_t(N), Int<1>{}, int64_t(M) * N);
-  typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, L},
-                                  {static_cast<const H*>(a), sA, static_cast<const H*>(b), sB},
-                                  {{}, nullptr, sD, static_cast<H*>(d), sD}, hw};
-  args.epilogue.thread.alpha = alpha;
-  args.epilogue.thread.beta = 0.f;
-  Device gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return -1;
-  if (Device::get_workspace_size(args) > ws_bytes) return -2;
-  if (gemm.initialize(args, ws, (cudaStream_t)stream) != cutlass::Status::kSuccess) return -3;
-  if (gemm.run((cudaStream_t)stream) != cutlass::Status::kSuccess) return -4;
-  return 0;
-}
+using GemmLC = fusekit::GemmConfig<H, RM, Tile, C1, MainSched, EpiSched, EpiTile, void, 0, H, true>;
 
 using Fn = int (*)(int, int, int, int, const void*, const void*, const void*, void*, float, int, void*, size_t, void*, int);
 struct Variant { const char* name; Fn fn; };
@@ -125,11 +94,11 @@ static Variant kVariants[] = {
     {"co128x64x64_void_s4", &run<GemmV<Shape<_128, _64, _64>, CO, ECO, EA, 4>>},
 #elif FK_PROBE_SET == 4  // session 13: plain GEMM, LinearCombination epilogue vs the kernel's EVT (void C)
     {"prod pp128x128x64_et64x128_void", &run<GemmV<Shape<_128, _128, _64>, PP, EPP, Shape<_64, _128>, 0>>},
-    {"lc pp128x128x64_et64x128", &run_lc<LcConfig<Shape<_128, _128, _64>, PP, EPP, Shape<_64, _128>>>},
-    {"lc pp128x128x64_auto", &run_lc<LcConfig<Shape<_128, _128, _64>, PP, EPP, EA>>},
-    {"lc co128x128x64_et128x64", &run_lc<LcConfig<Shape<_128, _128, _64>, CO, ECO, Shape<_128, _64>>>},
-    {"lc co128x256x64_auto", &run_lc<LcConfig<Shape<_128, _256, _64>, CO, ECO, EA>>},
-    {"lc co256x128x64_auto", &run_lc<LcConfig<Shape<_256, _128, _64>, CO, ECO, EA>>},
+    {"lc pp128x128x64_et64x128", &run<GemmLC<Shape<_128, _128, _64>, PP, EPP, Shape<_64, _128>>>},
+    {"lc pp128x128x64_auto", &run<GemmLC<Shape<_128, _128, _64>, PP, EPP, EA>>},
+    {"lc co128x128x64_et128x64", &run<GemmLC<Shape<_128, _128, _64>, CO, ECO, Shape<_128, _64>>>},
+    {"lc co128x256x64_auto", &run<GemmLC<Shape<_128, _256, _64>, CO, ECO, EA>>},
+    {"lc co256x128x64_auto", &run<GemmLC<Shape<_256, _128, _64>, CO, ECO, EA>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},
