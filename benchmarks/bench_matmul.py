@@ -10,8 +10,11 @@ sides: the fp32 rules fire only there. "cast" rows return the result as .float()
 fusekit stores from the epilogue).
 
 Shapes are [L, M, K, N] (b is [L, K, N]); linear rows are [tokens, K -> N] with a weight [N, K]. Each
-figure is the median of triton.testing.do_bench runs (L2 flushed before each) over replays of a one-call
-CUDA graph; Inductor and fusekit take turns over 3 rounds (bench_patterns.measure_rounds). Writes
+figure is the median of runs after an L2 flush over replays of a one-call CUDA graph, with the elementwise
+benchmark's timer: --flush clean (default; bench_patterns.clean_flushed: do_bench's loop, a flush that
+leaves the L2 clean) or --flush zero (triton.testing.do_bench, whose flush leaves dirty lines that are
+written back inside the timed call). Inductor and fusekit take turns over 3 rounds
+(bench_patterns.measure_rounds). Writes
 matmul.md, matmul.json and matmul.png (speedup over Inductor per rule and shape; plain-GEMM TFLOP/s vs
 cuBLAS).
 """
@@ -62,8 +65,11 @@ def other_cases():
                 yield p.id, (96, 512, 64, 512), "96x512x64x512"
 
 
+FLUSH = ["clean"]  # --flush
+
+
 def bench(fn) -> float:
-    return measure(fn, hot=False)[0]  # median of do_bench runs of one-call CUDA-graph replays, L2 flushed
+    return measure(fn, hot=False, flush=FLUSH[0])[0]  # median of runs of one-call CUDA-graph replays, L2 flushed
 
 
 def flops_of(p, args) -> int:
@@ -98,7 +104,7 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list
         eager = fn or p.eager
         res["eager"] = bench(lambda: eager(*args))
         for name, meds in measure_rounds({"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, False,
-                                         rounds=3).items():  # taking turns: host or clock drift hits both
+                                         rounds=3, flush=FLUSH[0]).items():  # taking turns: host or clock drift hits both
             res[name] = statistics.median(meds)
         a, b = args[0], args[1]
         if p.static.get("linear"):
@@ -132,10 +138,10 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list
     return rows, ceiling
 
 
-def markdown(rows, ceiling, device) -> str:
+def markdown(rows, ceiling, device, flush="zero") -> str:
     lines = [f"# Matmul + epilogue: eager vs Inductor vs fusekit ({device})", "",
-             f"Median ms (do_bench over one-call CUDA-graph replays, L2 flushed; Inductor and fusekit: the median "
-             f"of 3 interleaved rounds). Large-matmul ceiling in the same run: {ceiling['what']} = "
+             f"Median ms (one-call CUDA-graph replays, L2 flushed before each, flush: {flush}; Inductor and fusekit: "
+             f"the median of 3 interleaved rounds). Large-matmul ceiling in the same run: {ceiling['what']} = "
              f"{ceiling['tflops']:.0f} TFLOP/s.", "",
              "| rule | shape | dtype | eager | Inductor | fusekit | fusekit vs Inductor | fusekit vs eager | fusekit "
              "TFLOP/s | plain: cuBLAS | plain: fusekit | plain fusekit/cuBLAS speed | max abs err vs eager |",
@@ -179,18 +185,22 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--dtypes", default="float16,bfloat16", help="float32: with TF32 allowed")
     ap.add_argument("--rules", help="comma-separated substrings of 'rule label' to run (default: all)")
+    ap.add_argument("--flush", choices=("clean", "zero"), default="clean",
+                    help="clean: read a 256 MB buffer before each run; zero: do_bench's zero_() of it (see bench_patterns)")
     ap.add_argument("--replot", help="redraw the PNG from a matmul.json (no GPU needed)")
     a = ap.parse_args()
     if a.replot:
         data = json.loads(pathlib.Path(a.replot).read_text())
         plot(data["rows"], data["ceiling"], pathlib.Path(a.replot).with_suffix(".png"))
         return
+    FLUSH[0] = a.flush
     out, device = gpu_output("bench_matmul", a.out)
     rows, ceiling = run([getattr(torch, d) for d in a.dtypes.split(",")], out,
                         a.rules.split(",") if a.rules else None)
-    save(out, "matmul", {"device": device, "ceiling": ceiling, "rows": rows}, markdown(rows, ceiling, device),
+    md = markdown(rows, ceiling, device, a.flush)
+    save(out, "matmul", {"device": device, "flush": a.flush, "ceiling": ceiling, "rows": rows}, md,
          lambda path: plot(rows, ceiling, path))
-    print(markdown(rows, ceiling, device))
+    print(md)
 
 
 if __name__ == "__main__":

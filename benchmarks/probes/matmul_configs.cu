@@ -99,6 +99,13 @@ static Variant kVariants[] = {
     {"lc co128x128x64_et128x64", &run<GemmLC<Shape<_128, _128, _64>, CO, ECO, Shape<_128, _64>>>},
     {"lc co128x256x64_auto", &run<GemmLC<Shape<_128, _256, _64>, CO, ECO, EA>>},
     {"lc co256x128x64_auto", &run<GemmLC<Shape<_256, _128, _64>, CO, ECO, EA>>},
+#elif FK_PROBE_SET == 5  // session 14: N = 64, K = 512 with GELU ([96,512,512,64]): K extent, M extent, ping-pong
+    {"prod co128x64x64_void", &run<GemmV<Shape<_128, _64, _64>, CO, ECO, EA, 0>>},
+    {"co128x64x128_void", &run<GemmV<Shape<_128, _64, _128>, CO, ECO, EA, 0>>},
+    {"pp128x64x64_void", &run<GemmV<Shape<_128, _64, _64>, PP, EPP, EA, 0>>},
+    {"pp64x64x128_void", &run<GemmV<Shape<_64, _64, _128>, PP, EPP, EA, 0>>},
+    {"pp64x64x64_void", &run<GemmV<Shape<_64, _64, _64>, PP, EPP, EA, 0>>},
+    {"co256x64x64_void", &run<GemmV<Shape<_256, _64, _64>, CO, ECO, EA, 0>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},

@@ -1,12 +1,24 @@
 """Time the CUTLASS configurations built from matmul_configs.cu (see its header) against cuBLAS's bmm and
 Inductor's bmm * scale + bias -> GELU, in one run: `python matmul_configs.py mm0.so mm1.so mm2.so`.
-act=0: the plain GEMM; act=1: scale + bias + GELU(erf). err: max abs error against a float64 reference."""
+act=0: the plain GEMM; act=1: scale + bias + GELU(erf). err: max abs error against a float64 reference.
+FK_FLUSH=clean: time with bench_patterns.clean_flushed (an L2 flush that leaves no dirty lines) instead of
+do_bench; FK_SHAPES="L,M,K,N;...": other shapes."""
 import ctypes
+import os
+import pathlib
+import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
+
+if os.environ.get("FK_FLUSH") == "clean":
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from bench_patterns import clean_flushed
+
+    def do_bench(fn, return_mode="median"):  # noqa: F811
+        return statistics.median(clean_flushed(fn))
 
 torch.manual_seed(0)
 dev = torch.device("cuda")
@@ -23,7 +35,8 @@ def ref(a, b, bias, scale):
     return F.gelu(torch.bmm(a, b) * scale + bias)
 
 
-SHAPES = [(32, 1024, 1024, 1024), (96, 512, 512, 64), (96, 512, 64, 512)]  # L, M, K, N
+SHAPES = [tuple(map(int, s.split(","))) for s in os.environ["FK_SHAPES"].split(";")] if "FK_SHAPES" in os.environ \
+    else [(32, 1024, 1024, 1024), (96, 512, 512, 64), (96, 512, 64, 512)]  # L, M, K, N
 for L, M, K, N in SHAPES:
     a = torch.randn(L, M, K, device=dev, dtype=torch.half)
     b = torch.randn(L, K, N, device=dev, dtype=torch.half)
