@@ -82,10 +82,11 @@ struct RuntimeAct<cutlass::Array<T, N>> {
 // memory and the wgmma runs on their TF32 part (the builder maps float to tfloat32_t). kPlainEpilogue: no
 // bias and no activation (void C only): CUTLASS's LinearCombination (alpha acc) instead of the bias +
 // activation EVT, whose per-element work bounds a short-K GEMM ([96,512,64,512]: 0.0265 -> 0.0221 ms on an
-// H200, cuBLAS 0.0228; benchmarks/probes/matmul_configs.cu set 4).
+// H200, cuBLAS 0.0228; benchmarks/probes/matmul_configs.cu set 4). Scheduler: GemmUniversal's tile
+// scheduler (void: the persistent data-parallel one).
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element, int kStages = 0,
-          class ElementD = Element, bool kPlainEpilogue = false>
+          class ElementD = Element, bool kPlainEpilogue = false, class Scheduler = void>
 struct GemmConfig {
   static constexpr bool kPlain = kPlainEpilogue;
   static_assert(!kPlain || std::is_void_v<ElementC>, "the plain epilogue has no C operand");
@@ -109,7 +110,7 @@ struct GemmConfig {
                              static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
                          cutlass::gemm::collective::StageCount<kStages>>,
       MainSchedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 

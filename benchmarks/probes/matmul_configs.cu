@@ -29,6 +29,8 @@ using H = cutlass::half_t;
 using RM = cutlass::layout::RowMajor;
 using C1 = Shape<_1, _1, _1>;
 using C21 = Shape<_2, _1, _1>;
+using C41 = Shape<_4, _1, _1>;
+using SK = cutlass::gemm::StreamKScheduler;
 
 template <class G>
 int run(int L, int M, int N, int K, const void* a, const void* b, const void* bias, void* d, float alpha, int act,
@@ -58,6 +60,9 @@ int run(int L, int M, int N, int K, const void* a, const void* b, const void* bi
 // epilogue (GemmConfig's kPlainEpilogue, void C) instead of the kernel's EVT (LinCombPerColBiasEltAct with a
 // null bias and act none): the EVT's cost where K is short and the output store bounds the kernel
 // ([96,512,64,512]: plain 0.85-0.89x of cuBLAS before).
+// void C with a cluster and a tile scheduler (set 6)
+template <class Tile, class Cluster, class MainSched, class EpiSched, class Sched>
+using GemmVC = fusekit::GemmConfig<H, RM, Tile, Cluster, MainSched, EpiSched, EA, void, 0, H, false, Sched>;
 template <class Tile, class MainSched, class EpiSched, class EpiTile>
 using GemmLC = fusekit::GemmConfig<H, RM, Tile, C1, MainSched, EpiSched, EpiTile, void, 0, H, true>;
 
@@ -106,6 +111,15 @@ static Variant kVariants[] = {
     {"pp64x64x128_void", &run<GemmV<Shape<_64, _64, _128>, PP, EPP, EA, 0>>},
     {"pp64x64x64_void", &run<GemmV<Shape<_64, _64, _64>, PP, EPP, EA, 0>>},
     {"co256x64x64_void", &run<GemmV<Shape<_256, _64, _64>, CO, ECO, EA, 0>>},
+#elif FK_PROBE_SET == 6  // session 14: N = 64, K = 512: clusters along M (B multicast) and stream-K, void C
+    {"co128x64x128_void", &run<GemmV<Shape<_128, _64, _128>, CO, ECO, EA, 0>>},
+    {"co128x64x128_void_c21", &run<GemmVC<Shape<_128, _64, _128>, C21, CO, ECO, void>>},
+    {"co128x64x128_void_c41", &run<GemmVC<Shape<_128, _64, _128>, C41, CO, ECO, void>>},
+    {"co128x64x64_void_c21", &run<GemmVC<Shape<_128, _64, _64>, C21, CO, ECO, void>>},
+    {"co128x64x64_void_c41", &run<GemmVC<Shape<_128, _64, _64>, C41, CO, ECO, void>>},
+    {"pp64x64x128_void_c21", &run<GemmVC<Shape<_64, _64, _128>, C21, PP, EPP, void>>},
+    {"co128x64x128_void_sk", &run<GemmVC<Shape<_128, _64, _128>, C1, CO, ECO, SK>>},
+    {"co128x64x64_void_sk", &run<GemmVC<Shape<_128, _64, _64>, C1, CO, ECO, SK>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},
