@@ -74,24 +74,24 @@ using Tile128x128 = Shape<_128, _128, TileK<Element>>;
 template <class Element>
 using Tile128x64 = Shape<_128, _64, TileK<Element>>;
 using Cluster1 = Shape<_1, _1, _1>;
-using Cluster21 = Shape<_2, _1, _1>;  // two CTAs on neighbouring M tiles: each B tile is read once, multicast
 using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 
 // Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
-// tiles in 2x1 clusters (memory-bound: [96,512,512,64] + bias + GELU 0.0220 -> 0.0214 ms, B's L2 reads
-// halved; 4x1 clusters and stream-K were slower; session 14's probe set 6, clean flush); long K (>= 512,
-// or >= 1024 for a GELU/SiLU epilogue, which one warpgroup alone hides only under longer MMAs) ping-pong
-// 128x128, and so does a short K without activation or residual; the rest cooperative 128x128 with 128x64
-// epilogue steps. Without a residual the kernels have no C operand (void C: CUTLASS delays each TMA store
-// to overlap the next step's math, and frees the C buffers); ping-pong then takes 64x128 epilogue steps for
-// GELU/SiLU and for no activation at short K, 64x64 otherwise.
+// tiles (memory-bound there: [96,512,512,64] + bias + GELU runs at 0.022 ms, cuBLAS's bare bmm at 0.020
+// and a read of its inputs at 0.019; no other tile, 2x1 or 4x1 cluster or stream-K was faster when timed
+// as bench_matmul times; session 14's probe sets 5 and 6); long K (>= 512, or >= 1024 for a GELU/SiLU
+// epilogue, which one warpgroup alone hides only under longer MMAs) ping-pong 128x128, and so does a short K
+// without activation or residual; the rest cooperative 128x128 with 128x64 epilogue steps. Without a
+// residual the kernels have no C operand (void C: CUTLASS delays each TMA store to overlap the next step's
+// math, and frees the C buffers); ping-pong then takes 64x128 epilogue steps for GELU/SiLU and for no
+// activation at short K, 64x64 otherwise.
 // From bench_matmul and two probes of CUTLASS configurations on an H200 (benchmarks/NOTES.md), e.g. bmm +
 // bias + GELU at 1024^3: 0.1405 ms with C and 64x64 steps, 0.1380 void C, 0.1346 void C with 64x128 steps;
 // the plain GEMM at K = 64, N = 512: 0.0298 -> 0.0260 ms (cuBLAS 0.0226).
 template <class Element, class LayoutB, bool kC, class ElementD = Element>
 void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
   const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
-  if (p.N <= 64) return run<Gemm<Element, LayoutB, Tile128x64<Element>, Cluster21, false, EpiAuto, kC, ElementD>>(p, like);
+  if (p.N <= 64) return run<Gemm<Element, LayoutB, Tile128x64<Element>, Cluster1, false, EpiAuto, kC, ElementD>>(p, like);
   if constexpr (!kC) {
     // No activation at short K (bmm, * scale, + bias): ping-pong with 64x128 steps, whose stores overlap the
     // other warpgroup's tile. [96,512,64,512] plain: 0.0293 -> 0.0258 ms (cuBLAS 0.0222; session 10's probe

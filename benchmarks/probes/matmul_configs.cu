@@ -27,6 +27,7 @@ using EPP = cutlass::epilogue::TmaWarpSpecialized;
 using ECO = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using H = cutlass::half_t;
 using RM = cutlass::layout::RowMajor;
+using CM = cutlass::layout::ColumnMajor;
 using C1 = Shape<_1, _1, _1>;
 using C21 = Shape<_2, _1, _1>;
 using C41 = Shape<_4, _1, _1>;
@@ -43,6 +44,8 @@ int run(int L, int M, int N, int K, const void* a, const void* b, const void* bi
   p.L = L, p.M = M, p.N = N, p.K = K;
   p.a = a, p.b = b, p.bias = bias, p.c = d, p.d = d;
   p.lda = K, p.sa = int64_t(M) * K, p.ldb = N, p.sb = int64_t(K) * N, p.ldc = N, p.sc = int64_t(M) * N;
+  using StrideB = typename G::Kernel::StrideB;
+  if constexpr (!std::is_same_v<StrideB, Stride<int64_t, Int<1>, int64_t>>) p.ldb = K;  // K-major b: [L, N, K]
   p.alpha = alpha, p.beta = 0.f, p.act = act;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = 0;
@@ -60,6 +63,9 @@ int run(int L, int M, int N, int K, const void* a, const void* b, const void* bi
 // epilogue (GemmConfig's kPlainEpilogue, void C) instead of the kernel's EVT (LinCombPerColBiasEltAct with a
 // null bias and act none): the EVT's cost where K is short and the output store bounds the kernel
 // ([96,512,64,512]: plain 0.85-0.89x of cuBLAS before).
+// void C, any B layout, cluster and epilogue (set 7); names starting with "kmaj" take a K-major b ([L, N, K])
+template <class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, bool kPlain>
+using GemmG = fusekit::GemmConfig<H, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile, void, 0, H, kPlain>;
 // void C with a cluster and a tile scheduler (set 6)
 template <class Tile, class Cluster, class MainSched, class EpiSched, class Sched>
 using GemmVC = fusekit::GemmConfig<H, RM, Tile, Cluster, MainSched, EpiSched, EA, void, 0, H, false, Sched>;
@@ -120,6 +126,16 @@ static Variant kVariants[] = {
     {"pp64x64x128_void_c21", &run<GemmVC<Shape<_64, _64, _128>, C21, PP, EPP, void>>},
     {"co128x64x128_void_sk", &run<GemmVC<Shape<_128, _64, _128>, C1, CO, ECO, SK>>},
     {"co128x64x64_void_sk", &run<GemmVC<Shape<_128, _64, _64>, C1, CO, ECO, SK>>},
+#elif FK_PROBE_SET == 7  // session 14: the plain GEMM at K >= 512 (MLP linears: K-major weight), LinearCombination
+    {"prod pp128x128x64_et64x64_void", &run<GemmG<RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"kmaj prod pp128x128x64_et64x64_void", &run<GemmG<CM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"kmaj lc pp128x128x64_auto", &run<GemmG<CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
+    {"kmaj lc pp128x128x64_c21", &run<GemmG<CM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+    {"kmaj lc co128x256x64_auto", &run<GemmG<CM, Shape<_128, _256, _64>, C1, CO, ECO, EA, true>>},
+    {"kmaj lc co128x256x64_c21", &run<GemmG<CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"kmaj void co128x256x64_c21", &run<GemmG<CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
+    {"lc co128x256x64_c21", &run<GemmG<RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"lc pp128x128x64_c21", &run<GemmG<RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},
