@@ -217,7 +217,11 @@ def test_matmul_output_cast_stored_by_the_kernel():
     for dtype in (torch.float16, torch.bfloat16):
         args = p.make_args(p.cases[-1], dtype, "cpu")
         rep = explain(lambda *t: p.eager(*t).float(), *args)
-        assert rep.sites[p.id] == 1 and rep.output_casts["matmul_epilogue"] == 1, str(rep)
+        # The kernel stores the fp32 result either way: the cast absorbed after the match (output_casts;
+        # torch 2.13, 2.14), or, where Inductor's pointless_convert has already dropped the 16-bit round trip
+        # (torch 2.11, as on CUDA), the rule's fp32 form matched the upcast GELU with out_dtype float32.
+        assert rep.sites[p.id] == 1 and sum(rep.output_casts.values()) <= 1, str(rep)
+        absorbed = rep.output_casts["matmul_epilogue"] == 1
         code = "\n".join(g.graph_code for g in rep.graphs)
         assert "torch.float32" in code and "prims" not in code, code
         assert rep.output.dtype == torch.float32
@@ -227,7 +231,7 @@ def test_matmul_output_cast_stored_by_the_kernel():
         assert_same(rep.output, ref32)
         atol, rtol = p.tol[dtype]
         torch.testing.assert_close(rep.output, p.eager(*args).float(), atol=atol, rtol=rtol)
-        assert "output cast" in str(rep)
+        assert ("output cast" in str(rep)) == absorbed
         # the fp32 GELU of the upcast product, returned (what Inductor's pointless_convert pass leaves of
         # gelu(...).float() on CUDA): the rule's fp32 form, out_dtype float32; not when the result feeds more work
         up = lambda a, b, bias: torch.nn.functional.gelu((torch.matmul(a, b) * s + bias).float())  # noqa: E731
@@ -236,9 +240,11 @@ def test_matmul_output_cast_stored_by_the_kernel():
         assert_same(rep.output, ref32)
         rep = explain(lambda *t: up(*t) * 2, a, b, bias, disable=["elementwise"])
         assert rep.sites[p.id] == 0, str(rep)
+        # a cast that feeds more work is never absorbed (on torch 2.11 the fp32 GELU then matches on its own)
         rep = explain(lambda *t: p.eager(*t).float().softmax(-1), *args)
-        assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
-        torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1))
+        assert not rep.output_casts and (rep.sites[p.id] == 1 or not absorbed), str(rep)
+        # (the dtype's tolerance: where the 16-bit round trip of the GELU is gone, that rounding differs)
+        torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1), atol=atol, rtol=rtol)
     args = p.make_args(p.cases[-1], torch.float32, "cpu")
     with guards.fp32_matmul_precision("tf32"):  # (fp32 rules fire only where TF32 is allowed)
         rep = explain(lambda *t: p.eager(*t).float(), *args)
