@@ -65,11 +65,8 @@ def other_cases():
                 yield p.id, (96, 512, 64, 512), "96x512x64x512"
 
 
-FLUSH = ["clean"]  # --flush
-
-
-def bench(fn) -> float:
-    return measure(fn, hot=False, flush=FLUSH[0])[0]  # median of runs of one-call CUDA-graph replays, L2 flushed
+def bench(fn, flush: str) -> float:
+    return measure(fn, hot=False, flush=flush)[0]  # median of runs of one-call CUDA-graph replays, L2 flushed
 
 
 def flops_of(p, args) -> int:
@@ -79,7 +76,7 @@ def flops_of(p, args) -> int:
     return 2 * a.numel() // k * k * n
 
 
-def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list[dict], dict]:
+def run(dtypes, out: pathlib.Path, rules: list[str] | None = None, flush: str = "clean") -> tuple[list[dict], dict]:
     rows, t0 = [], time.time()
     todo = [(c, dt) for c in [*CASES, *FORMS, *other_cases(), *CASTS] for dt in dtypes
             if not (c[-1] == "float" and dt == torch.float32)
@@ -102,9 +99,9 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list
         res = {"pattern": pid, "shape": label, "dtype": str(dt)[6:] + (" (TF32)" if dt == torch.float32 else ""),
                "fused": fused, "output_casts": sum(r.output_casts["matmul_epilogue"] for r in recs)}
         eager = fn or p.eager
-        res["eager"] = bench(lambda: eager(*args))
+        res["eager"] = bench(lambda: eager(*args), flush)
         for name, meds in measure_rounds({"inductor": lambda: ind(*args), "fusekit": lambda: fk(*args)}, False,
-                                         rounds=3, flush=FLUSH[0]).items():  # taking turns: host or clock drift hits both
+                                         rounds=3, flush=flush).items():  # taking turns: host or clock drift hits both
             res[name] = statistics.median(meds)
         a, b = args[0], args[1]
         if p.static.get("linear"):
@@ -113,7 +110,7 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list
         else:
             plain_ref, plain_fk = (lambda: torch.matmul(a, b)), \
                 (lambda: torch.ops.fusekit.matmul_epilogue(a, b, None, None, None, "none", False))
-        res["cublas_plain"], res["fusekit_plain"] = bench(plain_ref), bench(plain_fk)
+        res["cublas_plain"], res["fusekit_plain"] = bench(plain_ref, flush), bench(plain_fk, flush)
         ref = eager(*args)
         res["max_abs_err_vs_eager"] = (fk(*args).float() - ref.float()).abs().max().item()
         res["plain_max_abs_err"] = (plain_fk().float() - plain_ref().float()).abs().max().item()
@@ -134,11 +131,11 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None) -> tuple[list
         torch._dynamo.reset()
     torch.backends.cuda.matmul.fp32_precision = prec
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    ceiling = {"what": "torch.mm 8192^3 fp16 (cuBLAS)", "tflops": 2 * 8192 ** 3 / bench(lambda: torch.mm(x, x)) / 1e9}
+    ceiling = {"what": "torch.mm 8192^3 fp16 (cuBLAS)", "tflops": 2 * 8192 ** 3 / bench(lambda: torch.mm(x, x), flush) / 1e9}
     return rows, ceiling
 
 
-def markdown(rows, ceiling, device, flush="zero") -> str:
+def markdown(rows, ceiling, device, flush: str) -> str:
     lines = [f"# Matmul + epilogue: eager vs Inductor vs fusekit ({device})", "",
              f"Median ms (one-call CUDA-graph replays, L2 flushed before each, flush: {flush}; Inductor and fusekit: "
              f"the median of 3 interleaved rounds). Large-matmul ceiling in the same run: {ceiling['what']} = "
@@ -193,10 +190,9 @@ def main() -> None:
         data = json.loads(pathlib.Path(a.replot).read_text())
         plot(data["rows"], data["ceiling"], pathlib.Path(a.replot).with_suffix(".png"))
         return
-    FLUSH[0] = a.flush
     out, device = gpu_output("bench_matmul", a.out)
     rows, ceiling = run([getattr(torch, d) for d in a.dtypes.split(",")], out,
-                        a.rules.split(",") if a.rules else None)
+                        a.rules.split(",") if a.rules else None, a.flush)
     md = markdown(rows, ceiling, device, a.flush)
     save(out, "matmul", {"device": device, "flush": a.flush, "ceiling": ceiling, "rows": rows}, md,
          lambda path: plot(rows, ceiling, path))

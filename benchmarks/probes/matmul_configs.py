@@ -17,12 +17,11 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 if os.environ.get("FK_FLUSH") == "clean" or os.environ.get("FK_GRAPH"):
-    from bench_patterns import clean_flushed, timer
+    from bench_patterns import timer  # graph=False, flush="clean": clean_flushed on the call itself
 
     def do_bench(fn, return_mode="median"):  # noqa: F811
-        if os.environ.get("FK_GRAPH"):
-            return statistics.median(timer(fn, hot=False, graph=True, flush=os.environ.get("FK_FLUSH", "zero"))())
-        return statistics.median(clean_flushed(fn))
+        return statistics.median(timer(fn, hot=False, graph=bool(os.environ.get("FK_GRAPH")),
+                                       flush=os.environ.get("FK_FLUSH", "zero"))())
 
 torch.manual_seed(0)
 dev = torch.device("cuda")

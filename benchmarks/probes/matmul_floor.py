@@ -4,10 +4,18 @@ Triton tl.dot kernels with the epilogue (BLOCK_M, BLOCK_K, stages, warps). Clean
 (bench_patterns.measure_rounds). Needs triton and a GPU, not fusekit's kernels:
     FUSEKIT_DISABLE_EXT=1 python benchmarks/probes/matmul_floor.py
 Result: benchmarks/results/h200_matmul_floor.txt."""
-import statistics, sys, itertools, torch, triton, triton.language as tl
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from bench_patterns import measure_rounds, compiled, copy_bytes
-from fusion_backend import registry
+import itertools
+import pathlib
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from bench_patterns import compiled, copy_bytes, measure_rounds  # noqa: E402
+from fusion_backend import registry  # noqa: E402
 
 
 @triton.jit
