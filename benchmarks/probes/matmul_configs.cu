@@ -1,7 +1,7 @@
 // A torch-free probe of CUTLASS sm90 GEMM + epilogue configurations (tile, cluster, schedule, epilogue step)
 // for csrc/matmul_epilogue.cu's dispatch: each set builds one shared library on a machine with no GPU, and
 // matmul_configs.py times it on the GPU through ctypes, next to cuBLAS and Inductor, with no build there.
-//   CU=<cutlass>/include; for s in 0 1 2 3 4 5 6 7; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
+//   CU=<cutlass>/include; for s in 0 1 2 3 4 5 6 7 8 9 10 11; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
 //     -I$CU -I../../csrc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC; done
 //   python matmul_configs.py mm0.so mm1.so mm2.so mm3.so   # result: benchmarks/results/h200_matmul_configs.txt
 // The epilogue is the kernel's (csrc/matmul_gemm.cuh: LinCombPerColBiasEltAct, runtime activation, SFU forms).
@@ -26,11 +26,13 @@ using CO = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EPP = cutlass::epilogue::TmaWarpSpecialized;
 using ECO = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using H = cutlass::half_t;
+using B = cutlass::bfloat16_t;
 using RM = cutlass::layout::RowMajor;
 using CM = cutlass::layout::ColumnMajor;
 using C1 = Shape<_1, _1, _1>;
 using C21 = Shape<_2, _1, _1>;
 using C41 = Shape<_4, _1, _1>;
+using C12 = Shape<_1, _2, _1>;
 using SK = cutlass::gemm::StreamKScheduler;
 
 template <class G>
@@ -45,7 +47,8 @@ int run(int L, int M, int N, int K, const void* a, const void* b, const void* bi
   p.a = a, p.b = b, p.bias = bias, p.c = d, p.d = d;
   p.lda = K, p.sa = int64_t(M) * K, p.ldb = N, p.sb = int64_t(K) * N, p.ldc = N, p.sc = int64_t(M) * N;
   using StrideB = typename G::Kernel::StrideB;
-  if constexpr (!std::is_same_v<StrideB, Stride<int64_t, Int<1>, int64_t>>) p.ldb = K;  // K-major b: [L, N, K]
+  // StrideB is in (N, K, L) order: (ldb, 1, batch) is a K-major b ([L, N, K], ldb = K); (1, ldb, batch) an N-major one
+  if constexpr (std::is_same_v<StrideB, Stride<int64_t, Int<1>, int64_t>>) p.ldb = K;
   p.alpha = alpha, p.beta = 0.f, p.act = act;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = 0;
@@ -69,6 +72,13 @@ using GemmG = fusekit::GemmConfig<H, LayoutB, Tile, Cluster, MainSched, EpiSched
 // void C with a cluster and a tile scheduler (set 6)
 template <class Tile, class Cluster, class MainSched, class EpiSched, class Sched>
 using GemmVC = fusekit::GemmConfig<H, RM, Tile, Cluster, MainSched, EpiSched, EA, void, 0, H, false, Sched>;
+// any element type (names starting with "bf16" run bf16), void C (sets 8, 9)
+template <class E, class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, bool kPlain>
+using GemmP = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile, void, 0, E, kPlain>;
+template <class E, class LayoutB, class Tile, class Cluster, class Sched>  // LinearCombination, cooperative, a scheduler
+using GemmPS = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, CO, ECO, EA, void, 0, E, true, Sched>;
+template <class E, class EpiTile, bool kOnce>  // the N <= 64 kernel: cooperative 128x64, bias loaded once or per tile
+using GemmN64 = fusekit::GemmConfig<E, RM, Shape<_128, _64, _64>, C1, CO, ECO, EpiTile, void, 0, E, false, void, kOnce>;
 template <class Tile, class MainSched, class EpiSched, class EpiTile>
 using GemmLC = fusekit::GemmConfig<H, RM, Tile, C1, MainSched, EpiSched, EpiTile, void, 0, H, true>;
 
@@ -136,6 +146,46 @@ static Variant kVariants[] = {
     {"kmaj void co128x256x64_c21", &run<GemmG<CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
     {"lc co128x256x64_c21", &run<GemmG<RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
     {"lc pp128x128x64_c21", &run<GemmG<RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+#elif FK_PROBE_SET == 8  // session 15: N = 64 with bias + GELU: bias loaded once per CTA, one-step epilogue; fp16, bf16
+    {"prod co128x64x64_void", &run<GemmN64<H, EA, false>>},
+    {"co128x64x64_void_et128x64", &run<GemmN64<H, Shape<_128, _64>, false>>},
+    {"co128x64x64_void_once", &run<GemmN64<H, EA, true>>},
+    {"co128x64x64_void_once_et128x64", &run<GemmN64<H, Shape<_128, _64>, true>>},
+    {"bf16 prod co128x64x64_void", &run<GemmN64<B, EA, false>>},
+    {"bf16 co128x64x64_void_et128x64", &run<GemmN64<B, Shape<_128, _64>, false>>},
+    {"bf16 co128x64x64_void_once", &run<GemmN64<B, EA, true>>},
+    {"bf16 co128x64x64_void_once_et128x64", &run<GemmN64<B, Shape<_128, _64>, true>>},
+#elif FK_PROBE_SET == 9  // session 15: the plain GEMM at K >= 512 in fp16 and bf16, LinearCombination 128x256 / 2x1
+    {"prod pp128x128x64_et64x64_void", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"lc co128x256x64_c21", &run<GemmP<H, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"lc pp128x128x64_c21", &run<GemmP<H, RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+    {"kmaj prod pp128x128x64_et64x64_void", &run<GemmP<H, CM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"kmaj lc co128x256x64_c21", &run<GemmP<H, CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"kmaj lc pp128x128x64_c21", &run<GemmP<H, CM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+    {"bf16 prod pp128x128x64_et64x64_void", &run<GemmP<B, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"bf16 lc co128x256x64_c21", &run<GemmP<B, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"bf16 kmaj prod pp128x128x64_et64x64_void", &run<GemmP<B, CM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"bf16 kmaj lc co128x256x64_c21", &run<GemmP<B, CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"bf16 kmaj lc pp128x128x64_c21", &run<GemmP<B, CM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+#elif FK_PROBE_SET == 10  // session 15: plain K >= 512: LinearCombination alone, the cluster alone, stream-K, 256x128, 1x2
+    {"lc pp128x128x64_auto", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
+    {"pp128x128x64_et64x64_c21", &run<GemmP<H, RM, Shape<_128, _128, _64>, C21, PP, EPP, Shape<_64, _64>, false>>},
+    {"lc co128x256x64_c21_sk", &run<GemmPS<H, RM, Shape<_128, _256, _64>, C21, SK>>},
+    {"lc co256x128x64_c21", &run<GemmP<H, RM, Shape<_256, _128, _64>, C21, CO, ECO, EA, true>>},
+    {"lc pp128x128x64_c12", &run<GemmP<H, RM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
+    {"kmaj lc pp128x128x64_auto", &run<GemmP<H, CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
+    {"kmaj pp128x128x64_et64x64_c21", &run<GemmP<H, CM, Shape<_128, _128, _64>, C21, PP, EPP, Shape<_64, _64>, false>>},
+    {"kmaj lc co128x256x64_c21_sk", &run<GemmPS<H, CM, Shape<_128, _256, _64>, C21, SK>>},
+    {"kmaj lc co256x128x64_c21", &run<GemmP<H, CM, Shape<_256, _128, _64>, C21, CO, ECO, EA, true>>},
+    {"kmaj lc pp128x128x64_c12", &run<GemmP<H, CM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
+#elif FK_PROBE_SET == 11  // session 15: set 10 in bf16, K-major b (the Llama linear's row)
+    {"bf16 kmaj lc pp128x128x64_auto", &run<GemmP<B, CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
+    {"bf16 kmaj pp128x128x64_et64x64_c21", &run<GemmP<B, CM, Shape<_128, _128, _64>, C21, PP, EPP, Shape<_64, _64>, false>>},
+    {"bf16 kmaj lc co128x256x64_c21_sk", &run<GemmPS<B, CM, Shape<_128, _256, _64>, C21, SK>>},
+    {"bf16 kmaj lc co256x128x64_c21", &run<GemmP<B, CM, Shape<_256, _128, _64>, C21, CO, ECO, EA, true>>},
+    {"bf16 kmaj lc pp128x128x64_c12", &run<GemmP<B, CM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
+    {"bf16 lc co128x256x64_c21", &run<GemmP<B, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"bf16 lc pp128x128x64_c21", &run<GemmP<B, RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},
