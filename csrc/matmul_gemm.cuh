@@ -71,101 +71,6 @@ struct RuntimeAct<cutlass::Array<T, N>> {
   }
 };
 
-// The per-column bias + activation epilogue (CUTLASS's LinCombPerColBiasEltAct) with the bias loaded into
-// shared memory once per CTA instead of once per tile. CUTLASS's Sm90RowBroadcast reads the tile's bias from
-// global memory at the start of every tile's epilogue and waits for it at a barrier, so the consumer warps
-// sit out one load latency per tile. A persistent CTA whose tiles share one column block and batch (a single
-// N tile: N <= the tile's N) needs the load once. Only for cooperative kernels: both consumer warpgroups see
-// the same tile sequence, while ping-pong warpgroups alternate tiles and would overwrite each other's bias.
-template <template <class> class ActivationFn, class ElementOutput, class ElementCompute, class ElementBias>
-struct LinCombPerColBiasEltActOnce
-    : cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ActivationFn, ElementOutput, ElementCompute, ElementBias,
-                                                         ElementBias, ElementCompute> {};
-
-// Sm90RowBroadcast whose callbacks skip the load (and its barrier) when the tile's column block and batch are
-// those already in shared memory. The node lives in the epilogue object, one per consumer thread for the
-// kernel's whole tile loop, so the last loaded (n, l) is per-thread state.
-template <class Base>
-struct RowBroadcastOnce : Base {
-  using Base::Base;
-  int loaded_n_ = -1, loaded_l_ = -1;
-
-  template <class Callbacks>
-  struct Reusing : Callbacks {
-    bool reuse;
-    CUTLASS_DEVICE Reusing(Callbacks const& cb, bool r) : Callbacks(cb), reuse(r) {}
-    CUTLASS_DEVICE void begin() {
-      if (!reuse) Callbacks::begin();
-    }
-    CUTLASS_DEVICE bool begin_sync_needed() const { return !reuse; }
-  };
-
-  template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
-    auto cb = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
-    const int n = int(cute::get<1>(args.tile_coord_mnkl)), l = int(cute::get<3>(args.tile_coord_mnkl));
-    const bool reuse = n == loaded_n_ && l == loaded_l_;
-    loaded_n_ = n, loaded_l_ = l;
-    return Reusing<decltype(cb)>(cb, reuse);
-  }
-};
-
-// CUTLASS's LinCombPerColBiasEltAct tree (sm90_callbacks_tma_warpspecialized.hpp), the bias leaf wrapped in
-// RowBroadcastOnce: act(beta C + (alpha acc + bias)).
-template <template <class> class ActivationFn, class ElementOutput, class ElementCompute, class ElementBias,
-          class CtaTileShapeMNK>
-using BiasActOnceTree = cutlass::epilogue::fusion::Sm90EVT<
-    cutlass::epilogue::fusion::Sm90Compute<ActivationFn, ElementOutput, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>,
-    cutlass::epilogue::fusion::Sm90EVT<
-        cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementCompute, ElementCompute,
-                                               cutlass::FloatRoundStyle::round_to_nearest>,
-        cutlass::epilogue::fusion::Sm90ScalarBroadcast<ElementCompute, cute::Stride<cute::_0, cute::_0, int64_t>>,
-        cutlass::epilogue::fusion::Sm90SrcFetch<ElementBias>,
-        cutlass::epilogue::fusion::Sm90EVT<
-            cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementCompute, ElementCompute,
-                                                   cutlass::FloatRoundStyle::round_to_nearest>,
-            cutlass::epilogue::fusion::Sm90ScalarBroadcast<ElementCompute, cute::Stride<cute::_0, cute::_0, int64_t>>,
-            cutlass::epilogue::fusion::Sm90AccFetch,
-            RowBroadcastOnce<cutlass::epilogue::fusion::Sm90RowBroadcast<
-                0, CtaTileShapeMNK, ElementBias, ElementCompute, cute::Stride<cute::_0, cute::_1, int64_t>>>>>>;
-
-}  // namespace fusekit
-
-namespace cutlass::epilogue::fusion {
-// LinCombPerColBiasEltActOnce: BiasActOnceTree with LinCombPerColBiasEltAct's arguments.
-template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore,
-          template <class> class ActivationFn, class ElementOutput, class ElementCompute, class ElementBias,
-          class CtaTileShapeMNK, class EpilogueTile>
-struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, FragmentSize, ReuseSmemC, DelayTmaStore>,
-                       fusekit::LinCombPerColBiasEltActOnce<ActivationFn, ElementOutput, ElementCompute, ElementBias>,
-                       CtaTileShapeMNK, EpilogueTile>
-    : fusekit::BiasActOnceTree<ActivationFn, ElementOutput, ElementCompute, ElementBias, CtaTileShapeMNK> {
-  using Impl = fusekit::BiasActOnceTree<ActivationFn, ElementOutput, ElementCompute, ElementBias, CtaTileShapeMNK>;
-  using Operation = fusekit::LinCombPerColBiasEltActOnce<ActivationFn, ElementOutput, ElementCompute, ElementBias>;
-
-  struct Arguments {  // LinCombPerColBiasEltAct's
-    ElementCompute alpha = ElementCompute(1);
-    ElementCompute beta = ElementCompute(0);
-    ElementCompute const* alpha_ptr = nullptr;
-    ElementCompute const* beta_ptr = nullptr;
-    Stride<_0, _0, int64_t> dAlpha = {_0{}, _0{}, 0};
-    Stride<_0, _0, int64_t> dBeta = {_0{}, _0{}, 0};
-    ElementBias const* bias_ptr = nullptr;
-    Stride<_0, _1, int64_t> dBias = {};
-    typename Sm90Compute<ActivationFn, ElementOutput, ElementCompute, FloatRoundStyle::round_to_nearest>::Arguments activation = {};
-
-    operator typename Impl::Arguments() const {
-      return {{{{beta}, {beta_ptr}, {dBeta}}, {}, {{{alpha}, {alpha_ptr}, {dAlpha}}, {}, {bias_ptr, ElementBias(0), dBias}, {}}, {}},
-              activation};
-    }
-  };
-
-  using Impl::Impl;
-};
-}  // namespace cutlass::epilogue::fusion
-
-namespace fusekit {
-
 // One GEMM configuration: element type, B's layout (RowMajor: b is [K, N] with unit N stride;
 // ColumnMajor: unit K stride, e.g. k.transpose(-1, -2) or a linear weight), CTA tile, cluster, mainloop and
 // epilogue schedules, and the epilogue's sub-tile (EpilogueTileAuto: CUTLASS's choice). fp32 accumulation;
@@ -181,11 +86,9 @@ namespace fusekit {
 // scheduler (void: the persistent data-parallel one).
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element, int kStages = 0,
-          class ElementD = Element, bool kPlainEpilogue = false, class Scheduler = void, bool kBiasOnce = false>
+          class ElementD = Element, bool kPlainEpilogue = false, class Scheduler = void>
 struct GemmConfig {
   static constexpr bool kPlain = kPlainEpilogue;
-  static_assert(!kBiasOnce || (!kPlain && std::is_same_v<EpiSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative>),
-                "the bias-once epilogue is for cooperative kernels with a bias (see LinCombPerColBiasEltActOnce)");
   static_assert(!kPlain || std::is_void_v<ElementC>, "the plain epilogue has no C operand");
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
@@ -195,8 +98,7 @@ struct GemmConfig {
       128 / cutlass::sizeof_bits<std::conditional_t<std::is_void_v<ElementC>, ElementD, ElementC>>::value;
   using Fusion = std::conditional_t<
       kPlain, cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,
-      std::conditional_t<kBiasOnce, LinCombPerColBiasEltActOnce<RuntimeAct, ElementD, float, Element>,
-                         cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, ElementD, float, Element, Element, float>>>;
+      cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, ElementD, float, Element, Element, float>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float, ElementC, LayoutC,
       kAlignC, ElementD, LayoutC, kAlignD, EpiSchedule, Fusion>::CollectiveOp;

@@ -430,6 +430,37 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
         op(a, b, None, None, None, "tanh", False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_plain_gemm_configurations(dtype):
+    """The plain GEMM (no bias, no activation) takes CUTLASS's LinearCombination kernels: ping-pong 128x128
+    tiles, and from K = 4096 on cooperative 128x256 tiles in 2x1 clusters (csrc/matmul_dispatch.cuh). Awkward
+    shapes for both: one M tile for a cluster of two, M and N off the tile, batch 1 and 3, both b layouts,
+    2-D linear; within 2x eager's error against float64."""
+    from patterns.batched_matmul import matmul_epilogue_ref
+
+    if _ext.missing_cuda_kernel("matmul_epilogue", torch.device("cuda")):
+        pytest.skip("no matmul_epilogue kernel on this GPU")
+    op = torch.ops.fusekit.matmul_epilogue
+    r = lambda *s: registry.rand(s, dtype, "cuda")  # noqa: E731
+
+    def close(out, a, b, scale, linear=False):
+        kw = {"scale": scale, "linear": linear}
+        want = matmul_epilogue_ref(a.double(), b.double(), **kw)
+        same = matmul_epilogue_ref(a, b, **kw)
+        assert out.dtype == dtype and out.shape == want.shape
+        err, err_eager = ((x.double() - want).abs().max().item() for x in (out, same))
+        assert err <= 2 * err_eager + 1e-6 * want.abs().max().item(), (a.shape, b.stride(), scale, err, err_eager)
+
+    for L, M, K, N in ((1, 72, 4096, 136), (3, 129, 4096, 264), (2, 256, 4104, 512), (1, 200, 512, 136),
+                       (3, 129, 1032, 264)):
+        a, b = r(L, M, K), r(L, K, N) * K ** -0.5
+        for bb in (b, b.transpose(1, 2).contiguous().transpose(1, 2)):  # N-major, K-major
+            for scale in (None, 0.5):
+                close(op(a, bb, None, None, scale, "none", False), a, bb, scale if scale is not None else 1.0)
+    x, w = r(3, 67, 4096), r(200, 4096) * 4096 ** -0.5  # linear: [.., M, K] x [N, K] weight, M = 201
+    close(op(x, w, None, None, None, "none", True), x, w, None, linear=True)
+
+
 def test_matmul_output_cast_and_tf32():
     """out_dtype=float32 (the output cast stored by the epilogue; a residual added after it) for fp16 and
     bf16, fp32 operands on TF32 (b N-major: copied K-major first), each within 2x eager's error against

@@ -77,8 +77,8 @@ template <class E, class LayoutB, class Tile, class Cluster, class MainSched, cl
 using GemmP = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile, void, 0, E, kPlain>;
 template <class E, class LayoutB, class Tile, class Cluster, class Sched>  // LinearCombination, cooperative, a scheduler
 using GemmPS = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, CO, ECO, EA, void, 0, E, true, Sched>;
-template <class E, class EpiTile, bool kOnce>  // the N <= 64 kernel: cooperative 128x64, bias loaded once or per tile
-using GemmN64 = fusekit::GemmConfig<E, RM, Shape<_128, _64, _64>, C1, CO, ECO, EpiTile, void, 0, E, false, void, kOnce>;
+template <class E, class EpiTile>  // the N <= 64 kernel: cooperative 128x64
+using GemmN64 = fusekit::GemmConfig<E, RM, Shape<_128, _64, _64>, C1, CO, ECO, EpiTile, void, 0, E, false>;
 template <class Tile, class MainSched, class EpiSched, class EpiTile>
 using GemmLC = fusekit::GemmConfig<H, RM, Tile, C1, MainSched, EpiSched, EpiTile, void, 0, H, true>;
 
@@ -146,15 +146,13 @@ static Variant kVariants[] = {
     {"kmaj void co128x256x64_c21", &run<GemmG<CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
     {"lc co128x256x64_c21", &run<GemmG<RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
     {"lc pp128x128x64_c21", &run<GemmG<RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
-#elif FK_PROBE_SET == 8  // session 15: N = 64 with bias + GELU: bias loaded once per CTA, one-step epilogue; fp16, bf16
-    {"prod co128x64x64_void", &run<GemmN64<H, EA, false>>},
-    {"co128x64x64_void_et128x64", &run<GemmN64<H, Shape<_128, _64>, false>>},
-    {"co128x64x64_void_once", &run<GemmN64<H, EA, true>>},
-    {"co128x64x64_void_once_et128x64", &run<GemmN64<H, Shape<_128, _64>, true>>},
-    {"bf16 prod co128x64x64_void", &run<GemmN64<B, EA, false>>},
-    {"bf16 co128x64x64_void_et128x64", &run<GemmN64<B, Shape<_128, _64>, false>>},
-    {"bf16 co128x64x64_void_once", &run<GemmN64<B, EA, true>>},
-    {"bf16 co128x64x64_void_once_et128x64", &run<GemmN64<B, Shape<_128, _64>, true>>},
+#elif FK_PROBE_SET == 8  // session 15: N = 64 with bias + GELU: one 128x64 epilogue step; fp16, bf16. At 58f90ed this set
+    // also had the bias loaded into shared memory once per CTA instead of once per tile (a FusionCallbacks
+    // whose Sm90RowBroadcast skips the reload): no faster (benchmarks/NOTES.md, session 15), not kept.
+    {"prod co128x64x64_void", &run<GemmN64<H, EA>>},
+    {"co128x64x64_void_et128x64", &run<GemmN64<H, Shape<_128, _64>>>},
+    {"bf16 prod co128x64x64_void", &run<GemmN64<B, EA>>},
+    {"bf16 co128x64x64_void_et128x64", &run<GemmN64<B, Shape<_128, _64>>>},
 #elif FK_PROBE_SET == 9  // session 15: the plain GEMM at K >= 512 in fp16 and bf16, LinearCombination 128x256 / 2x1
     {"prod pp128x128x64_et64x64_void", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
     {"lc co128x256x64_c21", &run<GemmP<H, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
