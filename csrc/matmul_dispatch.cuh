@@ -83,7 +83,7 @@ using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 // tiles (memory-bound there: [96,512,512,64] + bias + GELU runs at 0.022 ms, cuBLAS's bare bmm at 0.020
 // and a read of its inputs at 0.019; no other tile, 2x1 or 4x1 cluster or stream-K was faster when timed
 // as bench_matmul times; session 14's probe sets 5 and 6, and session 15's set 8: the bias loaded once per
-// CTA instead of once per tile, or one 128x64 epilogue step, changed nothing); the plain GEMM (no bias, no
+// CTA instead of once per tile, or one 128x64 epilogue step, was no faster); the plain GEMM (no bias, no
 // activation, 16 bits) CUTLASS's LinearCombination kernels (below); long K (>= 512, or >= 1024 for a
 // GELU/SiLU epilogue, which one warpgroup alone hides only under longer MMAs) ping-pong 128x128, and so does
 // a short K without activation or residual; the rest cooperative 128x128 with 128x64 epilogue steps. Without a
