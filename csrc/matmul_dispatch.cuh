@@ -105,9 +105,10 @@ void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
     // CUTLASS's epilogue steps, at any K: [96,512,64,512] 0.0265 -> 0.0221 ms (probe set 4, cuBLAS 0.0228);
     // at K >= 512 (session 15, probe sets 9-11, fp16 / bf16, K-major b as a linear's weight) the Llama linear
     // 2048x2048->5632 0.0720 -> 0.0713 / 0.0703 -> 0.0688 ms, the GPT-2 one 4096x768->3072 0.0340 -> 0.0327 /
-    // 0.0336 -> 0.0322, 32x1024^3 0.1125 -> 0.1106 / (K-major b) 0.1057 -> 0.1050. From K = 4096 on, cooperative 128x256
-    // tiles in 2x1 clusters, whose epilogue a long K amortizes: 8x4096^3 1.9080 -> 1.7179 / 1.7397 -> 1.6531
-    // (cuBLAS 1.7650 / 1.6710); at K = 1024-2048 they trail the ping-pong kernel (0.1150 and 0.0725 ms there).
+    // 0.0336 -> 0.0322, 32x1024^3 0.1125 -> 0.1106 / (K-major b) 0.1057 -> 0.1050. From K = 4096 on,
+    // cooperative 128x256 tiles in 2x1 clusters, whose epilogue a long K amortizes: 8x4096^3 1.9080 -> 1.7179 /
+    // 1.7397 -> 1.6531 (cuBLAS 1.7650 / 1.6710); at K = 1024-2048 they trail the ping-pong kernel (0.1150 and
+    // 0.0725 ms there).
     if constexpr (std::is_same_v<ElementD, Element> && sizeof(Element) == 2) {
       if (p.act == kNone && p.bias == nullptr) {
         if (p.K >= 4096)

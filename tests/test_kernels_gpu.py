@@ -434,8 +434,8 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
 def test_matmul_plain_gemm_configurations(dtype):
     """The plain GEMM (no bias, no activation) takes CUTLASS's LinearCombination kernels: ping-pong 128x128
     tiles, and from K = 4096 on cooperative 128x256 tiles in 2x1 clusters (csrc/matmul_dispatch.cuh). Awkward
-    shapes for both: one M tile for a cluster of two, M and N off the tile, batch 1 and 3, both b layouts,
-    2-D linear; within 2x eager's error against float64."""
+    shapes for both: one M tile for a cluster of two, M and N off the tile, batch 1 and 3, both b layouts, a
+    linear's 2-D weight; within 2x eager's error against float64."""
     from patterns.batched_matmul import matmul_epilogue_ref
 
     if _ext.missing_cuda_kernel("matmul_epilogue", torch.device("cuda")):

@@ -5,8 +5,9 @@ output is filled with NaN before the checked call; "wrong": how many elements ar
 1 + |ref| / 64, and the first). Variants named "bf16 ..." run bf16, the others fp16.
 FK_FLUSH=clean: time with bench_patterns.clean_flushed (an L2 flush that leaves no dirty lines) instead of
 do_bench; FK_SHAPES="L,M,K,N;...": other shapes; FK_GRAPH=1: time one-call CUDA-graph replays (as bench_matmul);
-FK_ACTS=0: the plain GEMM only; FK_CHECK_ONLY=1: the error checks alone (under compute-sanitizer). Variants named "kmaj ..." take b K-major ([L, N, K] contiguous, as a linear's
-weight), next to a cuBLAS row on the same layout."""
+FK_ACTS=0: the plain GEMM only; FK_CHECK_ONLY=1: the error checks alone (under compute-sanitizer). Variants
+named "kmaj ..." take b K-major ([L, N, K] contiguous, as a linear's weight), next to a cuBLAS row on the same
+layout."""
 import ctypes
 import os
 import pathlib
@@ -42,6 +43,8 @@ def ref(a, b, bias, scale):
 
 SHAPES = [tuple(map(int, s.split(","))) for s in os.environ["FK_SHAPES"].split(";")] if "FK_SHAPES" in os.environ \
     else [(32, 1024, 1024, 1024), (96, 512, 512, 64), (96, 512, 64, 512)]  # L, M, K, N
+
+
 def where_wrong(d, w):
     """Max abs error, and where the output is wrong (|err| > 1 + |ref| / 64, beyond bf16's rounding): how many
     elements, the first [l, m, n]."""
