@@ -1,7 +1,7 @@
 // A torch-free probe of CUTLASS sm90 GEMM + epilogue configurations (tile, cluster, schedule, epilogue step)
 // for csrc/matmul_epilogue.cu's dispatch: each set builds one shared library on a machine with no GPU, and
 // matmul_configs.py times it on the GPU through ctypes, next to cuBLAS and Inductor, with no build there.
-//   CU=<cutlass>/include; for s in 0 1 2 3 4 5 6 7 8 9 10 11; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
+//   CU=<cutlass>/include; for s in 0 1 2 3 4 5 6 7 8 9 10 11 12; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
 //     -I$CU -I../../csrc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC; done
 //   python matmul_configs.py mm0.so mm1.so mm2.so mm3.so   # result: benchmarks/results/h200_matmul_configs.txt
 // The epilogue is the kernel's (csrc/matmul_gemm.cuh: LinCombPerColBiasEltAct, runtime activation, SFU forms).
@@ -184,6 +184,11 @@ static Variant kVariants[] = {
     {"bf16 kmaj lc pp128x128x64_c12", &run<GemmP<B, CM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
     {"bf16 lc co128x256x64_c21", &run<GemmP<B, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
     {"bf16 lc pp128x128x64_c21", &run<GemmP<B, RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+#elif FK_PROBE_SET == 12  // session 15: bias + GELU/SiLU at long K: the kernel's ping-pong 64x128 steps vs 128x256 2x1
+    {"prod pp128x128x64_et64x128_void", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _128>, false>>},
+    {"co128x256x64_c21_void", &run<GemmP<H, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
+    {"bf16 prod pp128x128x64_et64x128_void", &run<GemmP<B, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _128>, false>>},
+    {"bf16 co128x256x64_c21_void", &run<GemmP<B, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
 #else
     {"co128x128x64_et128x64", &run<Gemm<H, RM, Shape<_128, _128, _64>, C1, CO, ECO, Shape<_128, _64>>>},
     {"co128x256x64", &run<Gemm<H, RM, Shape<_128, _256, _64>, C1, CO, ECO>>},
