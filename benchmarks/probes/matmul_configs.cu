@@ -66,19 +66,11 @@ int run(int L, int M, int N, int K, const void* a, const void* b, const void* bi
 // epilogue (GemmConfig's kPlainEpilogue, void C) instead of the kernel's EVT (LinCombPerColBiasEltAct with a
 // null bias and act none): the EVT's cost where K is short and the output store bounds the kernel
 // ([96,512,64,512]: plain 0.85-0.89x of cuBLAS before).
-// void C, any B layout, cluster and epilogue (set 7); names starting with "kmaj" take a K-major b ([L, N, K])
-template <class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, bool kPlain>
-using GemmG = fusekit::GemmConfig<H, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile, void, 0, H, kPlain>;
-// void C with a cluster and a tile scheduler (set 6)
-template <class Tile, class Cluster, class MainSched, class EpiSched, class Sched>
-using GemmVC = fusekit::GemmConfig<H, RM, Tile, Cluster, MainSched, EpiSched, EA, void, 0, H, false, Sched>;
-// any element type (names starting with "bf16" run bf16), void C (sets 8, 9)
-template <class E, class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, bool kPlain>
-using GemmP = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile, void, 0, E, kPlain>;
-template <class E, class LayoutB, class Tile, class Cluster, class Sched>  // LinearCombination, cooperative, a scheduler
-using GemmPS = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, CO, ECO, EA, void, 0, E, true, Sched>;
-template <class E, class EpiTile>  // the N <= 64 kernel: cooperative 128x64
-using GemmN64 = fusekit::GemmConfig<E, RM, Shape<_128, _64, _64>, C1, CO, ECO, EpiTile, void, 0, E, false>;
+// void C, any element type (names starting with "bf16" run bf16), B layout (names starting with or containing
+// "kmaj" take a K-major b, [L, N, K]), cluster, epilogue and tile scheduler (sets 6-12)
+template <class E, class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, bool kPlain,
+          class Sched = void>
+using GemmP = fusekit::GemmConfig<E, LayoutB, Tile, Cluster, MainSched, EpiSched, EpiTile, void, 0, E, kPlain, Sched>;
 template <class Tile, class MainSched, class EpiSched, class EpiTile>
 using GemmLC = fusekit::GemmConfig<H, RM, Tile, C1, MainSched, EpiSched, EpiTile, void, 0, H, true>;
 
@@ -129,30 +121,30 @@ static Variant kVariants[] = {
     {"co256x64x64_void", &run<GemmV<Shape<_256, _64, _64>, CO, ECO, EA, 0>>},
 #elif FK_PROBE_SET == 6  // session 14: N = 64, K = 512: clusters along M (B multicast) and stream-K, void C
     {"co128x64x128_void", &run<GemmV<Shape<_128, _64, _128>, CO, ECO, EA, 0>>},
-    {"co128x64x128_void_c21", &run<GemmVC<Shape<_128, _64, _128>, C21, CO, ECO, void>>},
-    {"co128x64x128_void_c41", &run<GemmVC<Shape<_128, _64, _128>, C41, CO, ECO, void>>},
-    {"co128x64x64_void_c21", &run<GemmVC<Shape<_128, _64, _64>, C21, CO, ECO, void>>},
-    {"co128x64x64_void_c41", &run<GemmVC<Shape<_128, _64, _64>, C41, CO, ECO, void>>},
-    {"pp64x64x128_void_c21", &run<GemmVC<Shape<_64, _64, _128>, C21, PP, EPP, void>>},
-    {"co128x64x128_void_sk", &run<GemmVC<Shape<_128, _64, _128>, C1, CO, ECO, SK>>},
-    {"co128x64x64_void_sk", &run<GemmVC<Shape<_128, _64, _64>, C1, CO, ECO, SK>>},
+    {"co128x64x128_void_c21", &run<GemmP<H, RM, Shape<_128, _64, _128>, C21, CO, ECO, EA, false>>},
+    {"co128x64x128_void_c41", &run<GemmP<H, RM, Shape<_128, _64, _128>, C41, CO, ECO, EA, false>>},
+    {"co128x64x64_void_c21", &run<GemmP<H, RM, Shape<_128, _64, _64>, C21, CO, ECO, EA, false>>},
+    {"co128x64x64_void_c41", &run<GemmP<H, RM, Shape<_128, _64, _64>, C41, CO, ECO, EA, false>>},
+    {"pp64x64x128_void_c21", &run<GemmP<H, RM, Shape<_64, _64, _128>, C21, PP, EPP, EA, false>>},
+    {"co128x64x128_void_sk", &run<GemmP<H, RM, Shape<_128, _64, _128>, C1, CO, ECO, EA, false, SK>>},
+    {"co128x64x64_void_sk", &run<GemmP<H, RM, Shape<_128, _64, _64>, C1, CO, ECO, EA, false, SK>>},
 #elif FK_PROBE_SET == 7  // session 14: the plain GEMM at K >= 512 (MLP linears: K-major weight), LinearCombination
-    {"prod pp128x128x64_et64x64_void", &run<GemmG<RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
-    {"kmaj prod pp128x128x64_et64x64_void", &run<GemmG<CM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
-    {"kmaj lc pp128x128x64_auto", &run<GemmG<CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
-    {"kmaj lc pp128x128x64_c21", &run<GemmG<CM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
-    {"kmaj lc co128x256x64_auto", &run<GemmG<CM, Shape<_128, _256, _64>, C1, CO, ECO, EA, true>>},
-    {"kmaj lc co128x256x64_c21", &run<GemmG<CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
-    {"kmaj void co128x256x64_c21", &run<GemmG<CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
-    {"lc co128x256x64_c21", &run<GemmG<RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
-    {"lc pp128x128x64_c21", &run<GemmG<RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+    {"prod pp128x128x64_et64x64_void", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"kmaj prod pp128x128x64_et64x64_void", &run<GemmP<H, CM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
+    {"kmaj lc pp128x128x64_auto", &run<GemmP<H, CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
+    {"kmaj lc pp128x128x64_c21", &run<GemmP<H, CM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
+    {"kmaj lc co128x256x64_auto", &run<GemmP<H, CM, Shape<_128, _256, _64>, C1, CO, ECO, EA, true>>},
+    {"kmaj lc co128x256x64_c21", &run<GemmP<H, CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"kmaj void co128x256x64_c21", &run<GemmP<H, CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, false>>},
+    {"lc co128x256x64_c21", &run<GemmP<H, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
+    {"lc pp128x128x64_c21", &run<GemmP<H, RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
 #elif FK_PROBE_SET == 8  // session 15: N = 64 with bias + GELU: one 128x64 epilogue step; fp16, bf16. At 58f90ed this set
     // also had the bias loaded into shared memory once per CTA instead of once per tile (a FusionCallbacks
     // whose Sm90RowBroadcast skips the reload): no faster (benchmarks/NOTES.md, session 15), not kept.
-    {"prod co128x64x64_void", &run<GemmN64<H, EA>>},
-    {"co128x64x64_void_et128x64", &run<GemmN64<H, Shape<_128, _64>>>},
-    {"bf16 prod co128x64x64_void", &run<GemmN64<B, EA>>},
-    {"bf16 co128x64x64_void_et128x64", &run<GemmN64<B, Shape<_128, _64>>>},
+    {"prod co128x64x64_void", &run<GemmP<H, RM, Shape<_128, _64, _64>, C1, CO, ECO, EA, false>>},
+    {"co128x64x64_void_et128x64", &run<GemmP<H, RM, Shape<_128, _64, _64>, C1, CO, ECO, Shape<_128, _64>, false>>},
+    {"bf16 prod co128x64x64_void", &run<GemmP<B, RM, Shape<_128, _64, _64>, C1, CO, ECO, EA, false>>},
+    {"bf16 co128x64x64_void_et128x64", &run<GemmP<B, RM, Shape<_128, _64, _64>, C1, CO, ECO, Shape<_128, _64>, false>>},
 #elif FK_PROBE_SET == 9  // session 15: the plain GEMM at K >= 512 in fp16 and bf16, LinearCombination 128x256 / 2x1
     {"prod pp128x128x64_et64x64_void", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, Shape<_64, _64>, false>>},
     {"lc co128x256x64_c21", &run<GemmP<H, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},
@@ -168,18 +160,18 @@ static Variant kVariants[] = {
 #elif FK_PROBE_SET == 10  // session 15: plain K >= 512: LinearCombination alone, the cluster alone, stream-K, 256x128, 1x2
     {"lc pp128x128x64_auto", &run<GemmP<H, RM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
     {"pp128x128x64_et64x64_c21", &run<GemmP<H, RM, Shape<_128, _128, _64>, C21, PP, EPP, Shape<_64, _64>, false>>},
-    {"lc co128x256x64_c21_sk", &run<GemmPS<H, RM, Shape<_128, _256, _64>, C21, SK>>},
+    {"lc co128x256x64_c21_sk", &run<GemmP<H, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true, SK>>},
     {"lc co256x128x64_c21", &run<GemmP<H, RM, Shape<_256, _128, _64>, C21, CO, ECO, EA, true>>},
     {"lc pp128x128x64_c12", &run<GemmP<H, RM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
     {"kmaj lc pp128x128x64_auto", &run<GemmP<H, CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
     {"kmaj pp128x128x64_et64x64_c21", &run<GemmP<H, CM, Shape<_128, _128, _64>, C21, PP, EPP, Shape<_64, _64>, false>>},
-    {"kmaj lc co128x256x64_c21_sk", &run<GemmPS<H, CM, Shape<_128, _256, _64>, C21, SK>>},
+    {"kmaj lc co128x256x64_c21_sk", &run<GemmP<H, CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true, SK>>},
     {"kmaj lc co256x128x64_c21", &run<GemmP<H, CM, Shape<_256, _128, _64>, C21, CO, ECO, EA, true>>},
     {"kmaj lc pp128x128x64_c12", &run<GemmP<H, CM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
 #elif FK_PROBE_SET == 11  // session 15: set 10 in bf16, K-major b (the Llama linear's row)
     {"bf16 kmaj lc pp128x128x64_auto", &run<GemmP<B, CM, Shape<_128, _128, _64>, C1, PP, EPP, EA, true>>},
     {"bf16 kmaj pp128x128x64_et64x64_c21", &run<GemmP<B, CM, Shape<_128, _128, _64>, C21, PP, EPP, Shape<_64, _64>, false>>},
-    {"bf16 kmaj lc co128x256x64_c21_sk", &run<GemmPS<B, CM, Shape<_128, _256, _64>, C21, SK>>},
+    {"bf16 kmaj lc co128x256x64_c21_sk", &run<GemmP<B, CM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true, SK>>},
     {"bf16 kmaj lc co256x128x64_c21", &run<GemmP<B, CM, Shape<_256, _128, _64>, C21, CO, ECO, EA, true>>},
     {"bf16 kmaj lc pp128x128x64_c12", &run<GemmP<B, CM, Shape<_128, _128, _64>, C12, PP, EPP, EA, true>>},
     {"bf16 lc co128x256x64_c21", &run<GemmP<B, RM, Shape<_128, _256, _64>, C21, CO, ECO, EA, true>>},

@@ -98,7 +98,6 @@ for L, M, K, N in SHAPES:
                 rows.append((f"{name} act={act}", t, first + ("" if after == first else f"  AFTER TIMING {after}")
                              + (f"  INPUTS CHANGED {moved}" if moved else "")))
     print(f"\n[{L},{M},{K},{N}]", flush=True)
-    ind = {"": rows[2][1], "bf16 ": rows[5][1]}
+    ind = {n.split()[0] == "bf16": t for n, t, _ in rows if n.endswith("inductor bmm+epi")}  # per dtype
     for n, t, e in rows:
-        i = ind["bf16 " if n.startswith("bf16") else ""]
-        print(f"  {n:40s} {t:.4f} ms  vs-inductor {i / t:.2f}x  {e or ''}", flush=True)
+        print(f"  {n:40s} {t:.4f} ms  vs-inductor {ind[n.split()[0] == 'bf16'] / t:.2f}x  {e or ''}", flush=True)

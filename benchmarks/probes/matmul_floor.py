@@ -20,7 +20,7 @@ from fusion_backend import registry  # noqa: E402
 
 @triton.jit
 def bmm_act(a_ptr, b_ptr, bias_ptr, d_ptr, K, sa_b, sa_m, sb_b, sb_k, sd_b, sd_m, scale,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr):
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m = tl.program_id(0)
     bid = tl.program_id(1).to(tl.int64)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -34,8 +34,7 @@ def bmm_act(a_ptr, b_ptr, bias_ptr, d_ptr, K, sa_b, sa_m, sb_b, sb_k, sd_b, sd_m
         a += BK
         b += BK * sb_k
     acc = acc * scale + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-    if ACT:
-        acc = 0.5 * acc * (1 + tl.erf(acc * 0.7071067811865476))
+    acc = 0.5 * acc * (1 + tl.erf(acc * 0.7071067811865476))  # GELU(erf)
     tl.store(d_ptr + bid * sd_b + rm[:, None] * sd_m + rn[None, :], acc.to(d_ptr.dtype.element_ty))
 
 
@@ -64,7 +63,7 @@ for dt in (torch.float16, torch.bfloat16):
             continue
         def f(BM=BM, BK=BK, stages=stages, warps=warps):
             bmm_act[(M // BM, L)](a, b, bias, d, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                  d.stride(0), d.stride(1), scale, BM=BM, BN=N, BK=BK, ACT=1,
+                                  d.stride(0), d.stride(1), scale, BM=BM, BN=N, BK=BK,
                                   num_stages=stages, num_warps=warps)
         try:
             f()
