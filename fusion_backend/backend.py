@@ -14,9 +14,6 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-FUSEKIT_KEYS = ("patterns", "disable", "cpu_reference", "verify", "mode")
-
-
 def _as_names(v: Any, key: str) -> tuple[str, ...]:
     if isinstance(v, str):
         return (v,)
@@ -45,6 +42,7 @@ def split_options(mode: str | None, options: Mapping[str, Any] | None):
         forced=registry.select(named) if named is not None else (),
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
+        report=bool(opts.pop("report", False)),
     )
     patches: dict[str, Any] = {}
     if mode not in (None, "default"):

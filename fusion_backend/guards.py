@@ -405,9 +405,12 @@ class SiteFailure(Exception):
         self.pattern, self.node, self.exc = pattern, node, exc
 
 
-def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass) -> None:
+def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass,
+                   precheck: Callable[[pm.Match], bool] | None = None) -> None:
     """An exception while checking a site skips that site; one while rewriting aborts the rewrite
-    (the pass then restores the graph). Either way it is recorded, never raised into torch.compile."""
+    (the pass then restores the graph). Either way it is recorded, never raised into torch.compile.
+    `precheck` (the rule's guards) runs first, on the match as found: a site it rejects never reaches
+    Inductor's own check, which makes fake tensors of every argument and matches again."""
     for entries in pass_.patterns.values():
         for e in entries:
             if getattr(e, "_fusekit_hardened", False):
@@ -416,7 +419,7 @@ def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass) -> None:
 
             def safe_check(match: pm.Match, _check: Any = check) -> bool:
                 try:
-                    return bool(_check(match))
+                    return (precheck is None or bool(precheck(match))) and bool(_check(match))
                 except Exception as exc:  # noqa: BLE001 - any failure here only skips the site
                     run = active_run()
                     if run is not None:

@@ -1,25 +1,28 @@
 """The fusekit pass: Inductor's ``post_grad_custom_post_pass``.
 
-It runs the enabled patterns over the post-grad ATen graph, then the user's own post pass (never
-replaced). Anything it does not rewrite is Inductor's. Its ``uuid()`` covers the pattern tables, the
+It runs the enabled patterns over the post-grad ATen graph (one pattern-matcher pass per family,
+``matcher.py``), then the user's own post pass (never replaced). Anything it does not rewrite is Inductor's.
+Counts (sites, nodes replaced, match attempts, the pass's time) are always kept; the explanation of sites
+where an intermediate value is reused, and the rewritten graph's code, only for a report (``explain``,
+``options={"report": True}`` or DEBUG logging on ``fusion_backend``). Its ``uuid()`` covers the pattern tables, the
 engine and op sources, the kernel sources, the options and the user's pass, so a changed pattern can
 never replay a stale FX-graph or AOTAutograd cache entry.
 """
 from __future__ import annotations
 
 import dataclasses
-import operator
 import hashlib
 import json
 import logging
+import operator
 import pathlib
+import time
 from typing import Any
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch._inductor.pattern_matcher import is_match
 
-from . import _ext, guards, registry
+from . import _ext, guards, matcher, registry
 from .guards import SiteFailure
 from .stats import NearMiss, PassRun, new_record, publish, running
 
@@ -33,6 +36,7 @@ class FusekitOptions:
     forced: tuple[str, ...] = ()     # ids named in options["patterns"]: on even where not cuda_default
     cpu_reference: bool = False
     verify: bool = False
+    report: bool = False             # explain reused intermediates and keep the graph's code
 
 
 def source_files() -> tuple[str, ...]:
@@ -59,31 +63,40 @@ class FusekitPass(CustomGraphPass):
         return h.hexdigest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        t0 = time.perf_counter()
         record = new_record(self.options.patterns)
         record.nodes_before = _count(graph)
+        report = self.options.report or log.isEnabledFor(logging.DEBUG)
         try:
-            self._rewrite(graph, record)
+            self._rewrite(graph, record, report)
         except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
             record.errors.append(NearMiss.from_exc("<pass>", None, exc))
         record.left_to_inductor = _count(graph, fusekit=False)
-        record.graph_code = str(graph)
+        if report:
+            record.graph_code = str(graph)
+        record.pass_s = time.perf_counter() - t0
         publish(record)
         _log_record(record)
         if self.user_pass is not None:
             self.user_pass(graph)
 
-    def _rewrite(self, graph: torch.fx.Graph, record: Any) -> None:
+    def _rewrite(self, graph: torch.fx.Graph, record: Any, report: bool) -> None:
         skip: set[str] = set()
-        dtypes = registry.graph_dtypes(graph)  # what to trace rules for, found once for all rules
+        dtypes = matcher.graph_dtypes(graph)  # which rules' entries to offer, found once for all rules
         while True:  # a failed rewrite restores the graph and retries without that pattern
             backup = _snapshot(graph)
             run = PassRun(self.options, record)
             try:
                 with running(run):
-                    for pid in self.options.patterns:
-                        if pid not in skip:
-                            registry.compiled(pid).apply(graph, dtypes)
-                            _explain_misses(graph, run, pid)  # before later rules take the nodes
+                    enabled = [p for p in self.options.patterns if p not in skip]
+                    record.match_attempts = 0
+                    for fp in matcher.family_passes(graph, enabled, dtypes):
+                        if report:  # before this family's rules take the nodes
+                            index = matcher.GraphIndex(graph)
+                            for pid in fp.pattern_ids:
+                                _explain_misses(graph, run, pid, dtypes, index)
+                        record.match_attempts += fp.attempts
+                        fp.pass_.apply(graph)
                 absorb_output_casts(graph, record)
                 return
             except SiteFailure as f:
@@ -97,22 +110,15 @@ class FusekitPass(CustomGraphPass):
                 skip.add(f.pattern)
 
 
-def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str) -> None:
+def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str, dtypes: list, index: Any) -> None:
     """Sites that match a pattern's shape but were not rewritten because an intermediate value has
     another user (guard failures were recorded when the guard ran). Only sites whose arguments and dtype
     fit the rule count: a float LayerNorm that looks like a dequantize is not a near miss."""
     pattern = registry.by_id(pid)
-    for expr in registry.compiled(pid).relaxed:
-        anchors = [n for fn in dict.fromkeys(expr.fns) for n in graph.find_nodes(op="call_function", target=fn)]
-        for node in anchors:
-            m = expr.match(node)
-            if not is_match(m):
-                continue
-            inside = set(m.nodes)
-            shared = [n for n in m.nodes if n is not node and any(u not in inside for u in n.users)]
-            if shared and guards.fits(pattern, m, run):
-                names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
-                run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
+    for node, m, shared in matcher.near_misses(graph, pid, dtypes, index):
+        if guards.fits(pattern, m, run):
+            names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
+            run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
 
 
 def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:

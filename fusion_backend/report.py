@@ -56,9 +56,18 @@ class Report:
         return [{"pattern": i, "sites": self.sites[i], "nodes_replaced": self.nodes_replaced[i],
                  "near_misses": miss[i], "errors": err[i]} for i in ids]
 
+    @property
+    def pass_s(self) -> float:
+        return sum(g.pass_s for g in self.graphs)
+
+    @property
+    def match_attempts(self) -> int:
+        return sum(g.match_attempts for g in self.graphs)
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "graphs": len(self.graphs), "sites": self.total_sites,
+            "graphs": len(self.graphs), "sites": self.total_sites, "pass_s": self.pass_s,
+            "match_attempts": self.match_attempts,
             "nodes_before": sum(g.nodes_before for g in self.graphs),
             "left_to_inductor": self.left_to_inductor, "patterns": self.rows(),
             "output_casts": dict(self.output_casts),
@@ -70,7 +79,8 @@ class Report:
         before = sum(g.nodes_before for g in self.graphs)
         lines = [f"fusekit: {len(self.graphs)} graph(s), {self.total_sites} site(s) fused, "
                  f"{sum(self.nodes_replaced.values())} of {before} ATen nodes replaced, "
-                 f"{self.left_to_inductor} nodes left to Inductor"
+                 f"{self.left_to_inductor} nodes left to Inductor; pass {self.pass_s:.2f} s, "
+                 f"{self.match_attempts:,} match attempts"
                  + "".join(f", {n} output cast(s) stored by fusekit::{op}" for op, n in self.output_casts.items())]
         rows = [r for r in self.rows() if r["sites"] or r["near_misses"] or r["errors"]]
         if rows:
@@ -113,9 +123,11 @@ def explain(model_or_fn: Any, *args: Any, options: dict[str, Any] | None = None,
             mode: str | None = None, **kwargs: Any) -> Report:
     """Compile `model_or_fn` with fusekit, call it once on `args`/`kwargs`, and return the report.
 
-    `options` and `mode` are the backend's (see README). Resets Dynamo's cache before and after."""
+    `options` and `mode` are the backend's (see README); the report's explanations are on unless
+    `options={"report": False}`. Resets Dynamo's cache before and after."""
     from .backend import backend
 
+    options = {"report": True, **(options or {})}
     with _fresh_compile(), stats.collect() as records:
         compiled = torch.compile(model_or_fn, backend=backend(mode=mode, options=options))
         out = compiled(*args, **kwargs)

@@ -40,7 +40,9 @@ class GraphRecord:
     fused_sites: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (pattern, site)
     # op -> output casts it now stores itself (passes.absorb_output_casts)
     output_casts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    graph_code: str = ""                # the graph after fusekit's pass, for tests and debugging
+    graph_code: str = ""                # the graph after fusekit's pass (report mode only)
+    match_attempts: int = 0             # pattern-matcher entries offered, summed over the graph's nodes
+    pass_s: float = 0.0                 # the pass's wall time, this graph
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.pattern_matcher import fwd_only
 
 from conftest import assert_same, explain, pattern_params
-from fusion_backend import guards, registry, stats
+from fusion_backend import guards, registry, stats, tracing
 from fusion_backend.report import _fresh_compile
 
 
@@ -93,7 +93,7 @@ def test_no_fire_when_intermediate_reused(p, dtype):
     rep = explain(gm, *args)
     assert rep.sites[p.id] == 0, str(rep)
     first = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target not in _VIEWS)
-    pattern = pm.PatternPrettyPrinter.run(registry.trace_search_pattern(p, dtype, "cpu"))
+    pattern = pm.PatternPrettyPrinter.run(tracing.trace_search_pattern(p, dtype, "cpu"))
     if not (first.target is torch.ops.aten.mm.default and "aten.addmm" in pattern):
         # (a reused mm never becomes the addmm that Inductor makes of mm + bias, so nothing to explain)
         assert any(m.pattern == p.id and "reused" in m.reason for m in rep.near_misses), str(rep)
@@ -156,7 +156,7 @@ def test_every_scalar_binds():
     """Each float/int parameter survives tracing as its own argument in every dtype."""
     for p in registry.all_patterns():
         for dt in p.dtypes:
-            registry.trace_search_pattern(p, dt, "cpu")
+            tracing.trace_search_pattern(p, dt, "cpu")
 
 
 def test_matmul_heavy_epilogue_k_window():

@@ -1,0 +1,207 @@
+"""Matching: each rule's search forms become Inductor pattern-matcher entries once; a compile runs them in
+one pass per family.
+
+Entries are made once per (rule, dtype, device) and kept. A compile builds one ``PatternMatcherPass`` per
+family, in table order (attention, then matmul epilogues, quantize, elementwise: a family's chains may hold
+another's), and offers it only the entries that can match this graph: every op of the entry occurs in it,
+and every parent -> child edge at its argument position. Inside a family a node is offered the entries
+anchored at its op in table order, longest first, so a chain wins over a rule for its own suffix; the pass
+walks the graph from its outputs, so a chain also wins over a rule for its prefix (anchored earlier).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+from torch._inductor import pattern_matcher as pm
+
+from . import guards as G
+from . import registry, tracing
+from .registry import Pattern
+from .stats import active_run
+
+Ops = tracing.Ops
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Entry:
+    """A pattern-matcher entry and what a graph must hold for it to match anywhere."""
+
+    key: tuple[str, Any]                      # (op, target) of the node it is anchored at
+    entry: pm.PatternEntry
+    order: int                                # its rule's place in the table
+    size: int                                 # nodes in the pattern: longer first at one anchor
+    ops: tuple[Ops, ...]                      # each must meet the graph's targets
+    edges: tuple[tuple[Ops, int, Ops], ...]   # (parent, argument index, child), each must occur
+
+
+class GraphIndex:
+    """The targets and the (parent, argument index, child) target edges of a graph's call_function nodes."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.targets: set[Any] = set()
+        self.edges: set[tuple[Any, int, Any]] = set()
+        for n in graph.nodes:
+            if n.op != "call_function":
+                continue
+            self.targets.add(n.target)
+            for i, a in enumerate(n.args):
+                if isinstance(a, torch.fx.Node) and a.op == "call_function":
+                    self.edges.add((n.target, i, a.target))
+
+    def fits(self, ops: Iterable[Ops], edges: Iterable[tuple[Ops, int, Ops]]) -> bool:
+        return all(not f.isdisjoint(self.targets) for f in ops) and all(
+            any((p, i, c) in self.edges for p in parents for c in children) for parents, i, children in edges)
+
+
+def rule_dtype(p: Pattern, dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose entries `p` offers a graph holding `dtype`: an unsupported dtype still gets the
+    first one's, so that its sites show up as dtype near misses."""
+    return dtype if dtype in p.dtypes else p.dtypes[0]
+
+
+@functools.cache
+def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> tuple[Entry, ...]:
+    """The entries of one search form, made once per process, on first use."""
+    p = registry.by_id(pattern_id)
+    form = tracing.search_forms(p, dtype, device)[i]
+    check = _returned(_guards(p)) if form.cast else _guards(p)
+    store = pm.PatternMatcherPass()
+    pm.register_replacement(p.search_fn(), _replacement_fn(p, tracing.inverse_fns(form.inverse),
+                                                           {"out_dtype": torch.float32} if form.cast else {}),
+                            list(p.inputs(p.trace_case, dtype, device)), pm.fwd_only, [store],
+                            extra_check=check, scalar_workaround=tracing._dummy_scalars(p),
+                            search_fn_pattern=form.expr, skip_duplicates=True)
+    G.harden_entries(p, store, precheck=check)
+    order = registry.all_patterns().index(p)
+    return tuple(Entry(key, e, order, tracing._size(e.pattern), *form.needs)
+                 for key, es in store.patterns.items() for e in es)
+
+
+@functools.cache
+def _guards(p: Pattern) -> Callable[[pm.Match], bool]:
+    return G.guard_fn(p)
+
+
+def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex | None = None) -> list[Entry]:
+    """The entries of one rule in one dtype on one device; with `index`, only those of the search forms
+    that fit that graph (no other form is loaded or made into entries)."""
+    p = registry.by_id(pattern_id)
+    if index is not None and not index.fits(*tracing.common_requirements(p, dtype, device)):
+        return []
+    return [e for i, f in enumerate(tracing.search_forms(p, dtype, device))
+            if index is None or index.fits(*f.needs) for e in _form_entries(pattern_id, dtype, device, i)]
+
+
+@functools.cache
+def relaxed(pattern_id: str, dtype: torch.dtype, device: str) -> tuple[tuple[Any, tuple, tuple], ...]:
+    """The rule's own search forms with the one-user constraint dropped, with their requirements: they
+    find the sites where an intermediate value is reused (for the report only)."""
+    out, seen = [], set()
+    for form in tracing.search_forms(registry.by_id(pattern_id), dtype, device):
+        if form.cast:
+            continue  # near misses are explained for the rule's own form only
+        r = tracing._relaxed(form.expr)
+        key = pm.PatternPrettyPrinter.run(r)
+        if key not in seen:
+            seen.add(key)
+            out.append((r, *form.needs))  # (the one-user constraint is not a requirement)
+    return tuple(out)
+
+
+def graph_dtypes(graph: torch.fx.Graph) -> list[tuple[torch.dtype, str]]:
+    """(floating dtype, device type) pairs of the tensors in `graph` that fusekit can trace for, sorted."""
+    traceable = {"cpu"} | ({"cuda"} if torch.cuda.is_available() else set())
+    out = set()
+    for n in graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, Tensor) and v.is_floating_point() and v.device.type in traceable:
+            out.add((v.dtype, v.device.type))
+    return sorted(out, key=str)
+
+
+@dataclasses.dataclass
+class FamilyPass:
+    family: str
+    pattern_ids: list[str]
+    pass_: pm.PatternMatcherPass
+    attempts: int            # match attempts it will make: entries offered, summed over the graph's nodes
+
+
+def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str],
+                  dtypes: Sequence[tuple[torch.dtype, str]]) -> list[FamilyPass]:
+    """One pass per family of `pattern_ids` (table order), each holding only the entries that fit `graph`."""
+    index = GraphIndex(graph)
+    out: dict[str, FamilyPass] = {}
+    chosen: dict[str, list[Entry]] = {}
+    for pid in pattern_ids:
+        family = pid.split(".", 1)[0]
+        fp = out.setdefault(family, FamilyPass(family, [], pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0))
+        fp.pattern_ids.append(pid)
+        p = registry.by_id(pid)
+        for dtype, device in dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes):
+            chosen.setdefault(family, []).extend(
+                e for e in entries(pid, dtype, device, index) if index.fits(e.ops, e.edges))
+    for family, es in chosen.items():
+        patterns = out[family].pass_.patterns
+        for e in sorted(es, key=lambda e: (e.order, -e.size)):  # stable: registration order breaks ties
+            patterns[e.key].append(e.entry)
+    for fp in out.values():
+        fp.attempts = sum(len(fp.pass_.patterns.get((n.op, n.target), ())) for n in graph.nodes)
+    return list(out.values())
+
+
+def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dtype, str]],
+                index: GraphIndex) -> Iterable[tuple[torch.fx.Node, pm.Match, list[torch.fx.Node]]]:
+    """(anchor, relaxed match, reused intermediates) where `pid`'s chain occurs but an intermediate value
+    has another user, so the rule itself cannot match."""
+    p = registry.by_id(pid)
+    for dtype, device in dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes):
+        if not index.fits(*tracing.common_requirements(p, dtype, device)):
+            continue
+        for expr, ops, edges in relaxed(pid, dtype, device):
+            if not index.fits(ops, edges):
+                continue
+            for node in [n for fn in dict.fromkeys(expr.fns) for n in graph.find_nodes(op="call_function", target=fn)]:
+                m = expr.match(node)
+                if not pm.is_match(m):
+                    continue
+                inside = set(m.nodes)
+                shared = [n for n in m.nodes if n is not node and any(u not in inside for u in n.users)]
+                if shared:
+                    yield node, m, shared
+
+
+# ---- replacements -------------------------------------------------------------------------------
+def _replacement_fn(pattern: Pattern, inverse: Mapping[str, Callable[[Any], Any]] = {},
+                    static: Mapping[str, Any] = {}) -> Callable[..., Any]:
+    def replace(*args: Any) -> Any:
+        args = [inverse[n](a) if n in inverse else a for n, a in zip(pattern.arg_names, args)]
+        out = registry.call_op(pattern, args, static)
+        run = active_run()
+        if run is not None and run.options.verify:
+            out = _verified(pattern, args, out, run.current_site)
+        return out
+
+    return registry._with_signature(replace, pattern.arg_names)
+
+
+def _verified(pattern: Pattern, args: Sequence[Any], out: Any, site: str) -> Any:
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    tensors = [a if isinstance(a, Tensor) else None for a in args]
+    floats = [0.0 if isinstance(a, Tensor) else float(a) for a in args]
+    checked = torch.ops.fusekit.verify(outs, tensors, floats, pattern.id, site)
+    return tuple(checked) if isinstance(out, (tuple, list)) else checked[0]
+
+
+def _returned(check: Callable[[pm.Match], bool]) -> Callable[[pm.Match], bool]:
+    """`check`, and the match's result is only returned from the graph: an fp32 result that feeds more work
+    is read back by Inductor's kernel for it, and fp32 costs that kernel twice the bytes of 16 bits."""
+    def extra_check(match: pm.Match) -> bool:
+        out = match.output_nodes()[0]
+        return all(u.op == "output" for u in out.users) and check(match)
+
+    return extra_check

@@ -1,0 +1,452 @@
+"""Tracing: each rule's search patterns (PatternExprs), traced once per (dtype, device) and kept.
+
+The reference is traced like Inductor's own graphs (``fwd_only``, or ``trace="inductor"``: the graph Inductor
+hands its post-grad pass), then expanded into the graphs it must also match: commuted operands, the copy a
+head-transposed matmul operand gets, a direct bmm, and the fp32 form without its downcast. Tracing through
+Inductor costs about a second a rule, so the result is kept in memory for the process and pickled under
+``$FUSEKIT_CACHE/patterns/`` (keyed by torch's version and the sources that shape a trace), as Inductor keeps
+its serialized SDPA patterns: a new process loads them instead of tracing again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import io
+import itertools
+import math
+import os
+import pathlib
+import pickle
+import sys
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+from torch._inductor import pattern_matcher as pm
+
+from .registry import Pattern, _with_signature
+
+aten = torch.ops.aten
+_COMMUTATIVE = {aten.add.Tensor, aten.mul.Tensor}
+
+
+def _dummy_scalars(pattern: Pattern) -> dict[str, float | int]:
+    """Distinctive stand-ins so each scalar shows up as its own literal in the traced graph."""
+    out: dict[str, float | int] = {}
+    for i, (name, kind) in enumerate(pattern.params):
+        if kind == "float":
+            out[name] = 0.2718 + 0.0137 * i
+        elif kind == "int":
+            out[name] = -77 + i
+    return out
+
+
+def _map_dag(expr: Any, fn: Callable[[Any, list[Any], dict[str, Any]], Any]) -> Any:
+    """Rebuild the pattern DAG `expr` bottom-up: each CallFunction becomes fn(node, new args, new kwargs).
+    A node shared by several users (one PatternExpr object) is rebuilt once and stays shared."""
+    memo: dict[int, Any] = {}
+
+    def go(e: Any) -> Any:
+        if isinstance(e, pm.MultiOutputPattern):
+            return pm.MultiOutputPattern([go(o) for o in e.outputs])
+        if not isinstance(e, pm.CallFunction):
+            return e
+        if id(e) not in memo:
+            memo[id(e)] = fn(e, [go(a) for a in e.args], {k: go(v) for k, v in e.kwargs.items()})
+        return memo[id(e)]
+
+    return go(expr)
+
+
+def _dag_variants(expr: Any, is_site: Callable[[Any], bool],
+                  rewrite: Callable[[Any, list[Any]], Any]) -> list[Any]:
+    """Every variant of the pattern DAG `expr` where each node with `is_site` is rewritten or not. A node
+    shared by several users (one PatternExpr object) is rewritten consistently, once."""
+    roots = list(expr.outputs) if isinstance(expr, pm.MultiOutputPattern) else [expr]
+    sites: list[Any] = []
+    seen: set[int] = set()
+
+    def find(e: Any) -> None:
+        if not isinstance(e, pm.CallFunction) or id(e) in seen:
+            return
+        seen.add(id(e))
+        for a in (*e.args, *e.kwargs.values()):
+            find(a)
+        if is_site(e):
+            sites.append(e)
+
+    for r in roots:
+        find(r)
+    out = []
+    for chosen in itertools.product((False, True), repeat=len(sites)):
+        picked = {id(x) for x, c in zip(sites, chosen) if c}
+        out.append(_map_dag(expr, lambda e, args, kwargs: (
+            rewrite(e, args) if id(e) in picked else pm.CallFunction(e.fns, *args, _users=e.users, **kwargs))))
+    return out
+
+
+def _commuted(expr: Any) -> list[Any]:
+    """Every variant of `expr` with operands of commutative aten ops swapped."""
+    return _dag_variants(
+        expr,
+        lambda e: (len(e.args) == 2 and bool(set(e.fns) & _COMMUTATIVE)
+                   and all(isinstance(a, pm.PatternExpr) for a in e.args)),
+        lambda e, args: pm.CallFunction(e.fns, *args[::-1], _users=e.users, **e.kwargs))
+
+
+def _relaxed(expr: Any) -> Any:
+    """`expr` with the one-user constraint dropped, to explain sites where an intermediate is reused."""
+    return _map_dag(expr, lambda e, args, kwargs: pm.CallFunction(e.fns, *args, _users=pm.MULTIPLE, **kwargs))
+
+
+def _size(expr: Any) -> int:
+    if isinstance(expr, pm.MultiOutputPattern):
+        return sum(map(_size, expr.outputs))
+    if isinstance(expr, pm.CallFunction):
+        return 1 + sum(map(_size, (*expr.args, *expr.kwargs.values())))
+    return 0
+
+
+def _keyword_names(expr: Any) -> set[str]:
+    if isinstance(expr, pm.KeywordArg):
+        return {expr.name}
+    if isinstance(expr, pm.MultiOutputPattern):
+        return set().union(*map(_keyword_names, expr.outputs))
+    if isinstance(expr, pm.CallFunction):
+        return set().union(*[_keyword_names(a) for a in (*expr.args, *expr.kwargs.values())])
+    return set()
+
+
+# A decomposition may hold a float parameter s as sqrt(s) (SDPA's math backend scales q and k by
+# sqrt(scale)) or 1/s (x / d); the rule then binds that literal and the replacement inverts it.
+_SCALAR_FORMS: tuple[tuple[Callable[[float], float], Callable[[Any], Any]], ...] = (
+    (lambda d: d, lambda x: x),
+    (math.sqrt, lambda x: x * x),
+    (lambda d: 1.0 / d, lambda x: 1.0 / x),
+)
+
+
+def trace_search_pattern(pattern: Pattern, dtype: torch.dtype, device: Any,
+                         fn: Callable[..., Any] | None = None) -> Any:
+    """The exact PatternExpr of `fn` (default: the reference), traced like Inductor's own graphs."""
+    return trace_search_pattern_and_forms(pattern, dtype, device, fn)[0]
+
+
+def inverse_fns(inverse: dict[str, int]) -> dict[str, Callable[[Any], Any]]:
+    """{param: the function that undoes its traced form} from `trace_search_pattern_and_forms`'s indices."""
+    return {name: _SCALAR_FORMS[i][1] for name, i in inverse.items()}
+
+
+def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device: Any,
+                                   fn: Callable[..., Any] | None = None) -> tuple[Any, dict[str, int]]:
+    """(PatternExpr, {param: index into _SCALAR_FORMS}) for the parameters that appear transformed."""
+    dummies = _dummy_scalars(pattern)
+    tensors = iter(pattern.inputs(pattern.trace_case, dtype, device))
+    args = [next(tensors) if k == "tensor" else dummies[n] for n, k in pattern.params if k != "static"]
+    fn = fn or pattern.search_fn()
+    if pattern.trace == "inductor":
+        names = [n for n, k in pattern.params if k == "tensor"]
+        bound = dict(zip(pattern.arg_names, args))
+        gm = post_grad_graph(_with_signature(
+            lambda *t: fn(*[(bound | dict(zip(names, t)))[n] for n in pattern.arg_names]), names),
+                             [bound[n] for n in names])
+        argnames = names
+    else:
+        gm = pm.fwd_only(fn, args)
+        argnames = pattern.arg_names
+    floats, ints = _literals(gm)
+    workaround, inverse = {}, {}
+    for name, d in dummies.items():
+        for i, (form, _) in enumerate(_SCALAR_FORMS if isinstance(d, float) else _SCALAR_FORMS[:1]):
+            if form(d) in (floats if isinstance(d, float) else ints):
+                workaround[name] = form(d)
+                if form(d) != d:
+                    inverse[name] = i
+                break
+    expr = pm.fx_to_pattern(gm, argnames=argnames, scalar_workaround=workaround)
+    if pattern.trace == "inductor":
+        expr = _shape_wildcards(expr)
+    missing = set(pattern.arg_names) - _keyword_names(expr)
+    if missing:  # a decomposition folded the scalar into another constant; the rule could not bind it
+        raise ValueError(f"{pattern.id} ({dtype}): parameters {sorted(missing)} vanish from the traced "
+                         f"graph; use a different dummy or restructure the reference")
+    return expr, inverse
+
+
+def _literals(gm: torch.fx.GraphModule) -> tuple[set[float], set[int]]:
+    """The float and the int constants in the node arguments of `gm`."""
+    leaves = [a for n in gm.graph.nodes for a in pytree.tree_leaves((n.args, n.kwargs))
+              if not isinstance(a, torch.fx.Node)]
+    return ({a for a in leaves if isinstance(a, float)},
+            {a for a in leaves if isinstance(a, int) and not isinstance(a, bool)})
+
+
+class _Captured(Exception):
+    pass
+
+
+def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor]) -> torch.fx.GraphModule:
+    """The graph Inductor hands to its post-grad custom pass for ``fn(*args)``, captured by stopping
+    ``compile_fx`` there. SDPA is traced on its math backend: that is the decomposition Inductor emits
+    whenever it does not pick a fused attention kernel."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    box: dict[str, torch.fx.Graph] = {}
+
+    class Capture:
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            box["graph"] = graph
+            raise _Captured
+
+        def uuid(self) -> None:  # never cached
+            return None
+
+    gm = torch.fx.symbolic_trace(_positional(fn))
+    with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), \
+            inductor_config.patch(post_grad_custom_post_pass=Capture(), post_grad_custom_pre_pass=None):
+        try:
+            compile_fx(gm, list(args))
+        except Exception as e:  # noqa: BLE001 - the capture aborts the compile on purpose
+            if "graph" not in box:
+                raise
+    out = torch.fx.GraphModule(torch.nn.Module(), box["graph"])
+    node = next(n for n in out.graph.nodes if n.op == "output")
+    if isinstance(node.args[0], (tuple, list)) and len(node.args[0]) == 1:
+        node.args = (node.args[0][0],)
+    out.recompile()
+    return out
+
+
+def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function with named positional parameters (what fx.symbolic_trace needs)."""
+    names = list(inspect.signature(fn).parameters)
+    src = f"def traced({', '.join(names)}):\n    return fn({', '.join(names)})\n"
+    scope: dict[str, Any] = {"fn": fn}
+    exec(src, scope)  # noqa: S102 - names are Python identifiers from a signature
+    return scope["traced"]
+
+
+_VIEW_OPS = [aten.reshape.default, aten.view.default, aten._unsafe_view.default]
+_SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
+              aten.full.default}
+
+
+def _shape_wildcards(expr: Any) -> Any:
+    """Sizes in view/reshape/expand/full and device kwargs match anything (the graph's shapes, static or
+    symbolic); reduction dims, permutations and dtypes stay exact. Shared nodes stay shared."""
+    def wild(e: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if set(e.fns) & _SHAPE_OPS:
+            args = [pm.Ignored() if isinstance(a, (list, tuple)) else a for a in args]
+        kwargs = {k: pm.Ignored() if k == "device" else v for k, v in kwargs.items()}
+        # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
+        fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns
+        return pm.CallFunction(fns, *args, _users=e.users, **kwargs)
+
+    return _map_dag(expr, wild)
+
+
+def _clone_variants(expr: Any) -> list[Any]:
+    """`expr` with and without a contiguous clone between each expand and the reshape after it: Inductor's
+    matmul decomposition copies a non-contiguous (e.g. head-transposed) operand there."""
+    return _dag_variants(
+        expr,
+        lambda e: (aten._unsafe_view.default in e.fns and bool(e.args) and isinstance(e.args[0], pm.CallFunction)
+                   and aten.expand.default in e.args[0].fns),
+        lambda e, args: pm.CallFunction(
+            e.fns, pm.CallFunction(aten.clone.default, args[0], memory_format=torch.contiguous_format),
+            *args[1:], _users=e.users, **e.kwargs))
+
+
+def _expand_variants(expr: Any) -> list[Any]:
+    """`expr` with and without each expand of an argument: matmul's decomposition expands its operands to
+    the batch shape (a no-op at equal sizes), which a direct torch.bmm call does not."""
+    return _dag_variants(expr, lambda e: aten.expand.default in e.fns and bool(e.args)
+                         and isinstance(e.args[0], pm.KeywordArg), lambda e, args: args[0])
+
+
+def _downcast_root(expr: Any, dtype: torch.dtype) -> Any:
+    """What `expr` downcasts to `dtype` at its root (convert_element_type(X, dtype), X computed wider), or None."""
+    if isinstance(expr, pm.CallFunction) and torch.ops.prims.convert_element_type.default in expr.fns \
+            and len(expr.args) == 2 and expr.args[1] == dtype and isinstance(expr.args[0], pm.CallFunction):
+        return expr.args[0]
+    return None
+
+
+
+
+Ops = frozenset  # the targets one pattern node accepts (a view, a reshape and an _unsafe_view are one)
+Requirements = tuple[frozenset, frozenset]  # (ops, (parent, argument index, child) edges)
+
+
+def requirements(expr: Any) -> Requirements:
+    """The ops, and the positional parent -> child edges, that every graph `expr` matches in holds (what
+    Inductor's ``_TargetArgsExpr._match`` checks first: the node's target, then each argument's)."""
+    ops: set[Ops] = set()
+    edges: set[tuple[Ops, int, Ops]] = set()
+    seen: set[int] = set()
+
+    def go(e: Any) -> None:
+        if isinstance(e, (list, tuple)):
+            for x in e:
+                go(x)
+        elif isinstance(e, pm.MultiOutputPattern):
+            for o in e.outputs:
+                go(o)
+        elif isinstance(e, pm.CallFunction) and id(e) not in seen:
+            seen.add(id(e))
+            fns = Ops(e.fns)
+            ops.add(fns)
+            for i, a in enumerate(e.args):
+                if isinstance(a, pm.CallFunction):
+                    edges.add((fns, i, Ops(a.fns)))
+                go(a)
+            for v in e.kwargs.values():
+                go(v)
+
+    go(expr)
+    return frozenset(ops), frozenset(edges)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchForm:
+    """One search pattern of a rule: the PatternExpr, the scalar forms its replacement undoes, whether it
+    is the fp32 computation without the rule's downcast (the op then stores out_dtype=float32), and what a
+    graph must hold for it to match anywhere."""
+
+    expr: Any
+    inverse: dict[str, int]
+    cast: bool
+    needs: Requirements
+
+
+_COMMON: dict[tuple[str, torch.dtype, str], Requirements] = {}
+_FORMS: dict[tuple[str, torch.dtype, str], list[SearchForm]] = {}
+
+
+def common_requirements(pattern: Pattern, dtype: torch.dtype, device: str) -> Requirements:
+    """What every search form of the rule needs: a graph without it is not offered the rule at all (and
+    its forms are not even loaded)."""
+    key = (pattern.id, dtype, device)
+    if key not in _COMMON:
+        loaded = _load(_cache_path(pattern, dtype, device), header_only=True)
+        if loaded is None:
+            search_forms(pattern, dtype, device)
+        else:
+            _COMMON[key] = loaded[0]
+    return _COMMON[key]
+
+
+def search_forms(pattern: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
+    """Every search pattern of `pattern` in `dtype` on `device`, commuted and shape variants included, each
+    once: from memory, else from the disk cache, else traced (and then written to both)."""
+    key = (pattern.id, dtype, device)
+    if key not in _FORMS:
+        path = _cache_path(pattern, dtype, device)
+        loaded = _load(path)
+        if loaded is None:
+            forms = _trace_forms(pattern, dtype, device)
+            loaded = (_common(forms), forms)
+            _store(path, loaded)
+        _COMMON[key], _FORMS[key] = loaded
+    return _FORMS[key]
+
+
+def _common(forms: list[SearchForm]) -> Requirements:
+    ops = frozenset.intersection(*(f.needs[0] for f in forms))
+    edges = frozenset.intersection(*(f.needs[1] for f in forms))
+    return ops, edges
+
+
+def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
+    out: list[SearchForm] = []
+    seen: set[str] = set()
+    for fn in (None, *p.variants):
+        traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn)
+        forms = [(traced, False)]
+        if torch.float32 in p.output_casts and dtype != torch.float32:
+            cast = _downcast_root(traced, dtype)
+            if cast is not None:  # the computation without its downcast: its fp32 result written by the op
+                forms.append((cast, True))
+        for form, is_cast in forms:
+            shapes = _clone_variants(form) if p.trace == "inductor" else [form]
+            if p.expand_optional:
+                shapes = [x for c in shapes for x in _expand_variants(c)]
+            for expr in [c for e in shapes for c in _commuted(e)]:
+                key = pm.PatternPrettyPrinter.run(expr)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(SearchForm(expr, inverse, is_cast, requirements(expr)))
+    return out
+
+
+# ---- the disk cache -------------------------------------------------------------------------------
+def _load_op(namespace: str, name: str, overload: str) -> Any:
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
+def _multiple() -> Any:
+    return pm.MULTIPLE
+
+
+class _Pickler(pickle.Pickler):
+    """OpOverloads by name (they do not pickle), and the MULTIPLE singleton as itself (tested with `is`)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch._ops.OpOverload):
+            return _load_op, (obj.namespace, obj._opname, obj._overloadname)
+        if obj is pm.MULTIPLE:
+            return _multiple, ()
+        return NotImplemented
+
+
+@functools.cache
+def source_key() -> str:
+    """What a traced pattern depends on: torch, Python, the pattern tables and the engine that traces them."""
+    from . import patterns
+
+    files = sorted(pathlib.Path(patterns.__file__).parent.glob("*.py"))
+    files += [pathlib.Path(__file__), pathlib.Path(inspect.getfile(Pattern))]
+    h = hashlib.sha256(f"{torch.__version__} {sys.version_info[:2]}".encode())
+    for f in files:
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> pathlib.Path:
+    root = pathlib.Path(os.environ.get("FUSEKIT_CACHE", "~/.cache/fusekit")).expanduser()
+    return root / "patterns" / f"torch{torch.__version__}-{source_key()}"
+
+
+
+def _cache_path(p: Pattern, dtype: torch.dtype, device: str) -> pathlib.Path:
+    return cache_dir() / f"{p.id}-{str(dtype)[6:]}-{device}.pkl"
+
+
+def _load(path: pathlib.Path, header_only: bool = False) -> tuple | None:
+    """(common requirements, forms) from the cache file; with header_only, (common requirements,)."""
+    try:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch 2.13+: the pytree specs of list arguments
+            common = pickle.load(f)
+            return (common,) if header_only else (common, pickle.load(f))
+    except Exception:  # noqa: BLE001 - missing, truncated or from another build: trace again
+        return None
+
+
+def _store(path: pathlib.Path, loaded: tuple) -> None:
+    buf = io.BytesIO()
+    for obj in loaded:  # two pickles: the header can be read alone
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(buf.getvalue())
+        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the whole new one
+    except OSError:
+        pass  # a read-only cache only costs the next process a trace
