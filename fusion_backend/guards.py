@@ -427,11 +427,13 @@ def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass,
                     return False
 
             def safe_apply(match: pm.Match, graph: Any, node: Any, _apply: Any = apply) -> None:
+                run = active_run()
+                if run is not None:
+                    run.replaced.update((n, p.id) for n in match.nodes)
                 try:
                     _apply(match, graph, node)
                 except Exception as exc:  # noqa: BLE001
                     raise SiteFailure(p.id, node, exc) from exc
-                run = active_run()
                 if run is not None:
                     run.record.sites[p.id] += 1
                     run.record.nodes_replaced[p.id] += len({n for n in match.nodes if n.op == "call_function"})

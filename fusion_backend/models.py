@@ -85,3 +85,33 @@ def first_output(out: Any) -> torch.Tensor:
     if hasattr(out, "last_hidden_state"):
         return out.last_hidden_state
     return out[0]
+
+
+def decode_step(name: str, device: str, dtype: torch.dtype | None = None, batch: int | None = None,
+                cache_len: int = 4096, position: int | None = None, seed: int = 0):
+    """(step, description): one decode step of a decoder model against a ``transformers.StaticCache`` of
+    `cache_len` slots whose first `position` slots hold a prompt (filled by an eager prefill). ``step()``
+    feeds one new token per sequence at `position` and returns the logits; the cache stays at the prompt
+    (each call rewrites slot `position`). On CPU: the tiny configuration in float32, a 64-slot cache."""
+    from transformers import StaticCache
+
+    spec = MODELS[name]
+    if spec.encoder:
+        raise ValueError(f"{name} is an encoder: it has no decode step")
+    tiny = device == "cpu"
+    cache_len = 64 if tiny else cache_len
+    position = cache_len // 4 if position is None else position
+    model, _, desc = make(name, device, dtype, batch or (TINY["batch"] if tiny else 1), 1, seed)
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (desc["batch"], position + 1), generator=g).to(device)
+    with torch.no_grad():
+        if position:
+            model(prompt[:, :position], past_key_values=cache, cache_position=torch.arange(position, device=device),
+                  use_cache=True)
+    token, pos = prompt[:, position:], torch.tensor([position], device=device)
+
+    def step() -> torch.Tensor:
+        return model(token, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+    return step, {**desc, "seq": 1, "cache_len": cache_len, "position": position}

@@ -91,12 +91,12 @@ class FusekitPass(CustomGraphPass):
                     enabled = [p for p in self.options.patterns if p not in skip]
                     record.match_attempts = 0
                     for fp in matcher.family_passes(graph, enabled, dtypes):
-                        if report:  # before this family's rules take the nodes
-                            index = matcher.GraphIndex(graph)
-                            for pid in fp.pattern_ids:
-                                _explain_misses(graph, run, pid, dtypes, index)
+                        # found before this family's rules take the nodes, recorded after them (a guard's own
+                        # near miss at a site comes first)
+                        misses = _reused_intermediates(graph, run, fp.pattern_ids, dtypes) if report else []
                         record.match_attempts += fp.attempts
                         fp.pass_.apply(graph)
+                        _record_misses(run, misses)
                 absorb_output_casts(graph, record)
                 return
             except SiteFailure as f:
@@ -110,15 +110,29 @@ class FusekitPass(CustomGraphPass):
                 skip.add(f.pattern)
 
 
-def _explain_misses(graph: torch.fx.Graph, run: PassRun, pid: str, dtypes: list, index: Any) -> None:
-    """Sites that match a pattern's shape but were not rewritten because an intermediate value has
-    another user (guard failures were recorded when the guard ran). Only sites whose arguments and dtype
-    fit the rule count: a float LayerNorm that looks like a dequantize is not a near miss."""
-    pattern = registry.by_id(pid)
-    for node, m, shared in matcher.near_misses(graph, pid, dtypes, index):
-        if guards.fits(pattern, m, run):
-            names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
-            run.near_miss(pid, node, f"intermediate reused outside the pattern: {names}")
+def _reused_intermediates(graph: torch.fx.Graph, run: PassRun, pattern_ids: list[str],
+                          dtypes: list) -> list[tuple[str, torch.fx.Node, str]]:
+    """Sites that match a pattern's shape but cannot be rewritten because an intermediate value has another
+    user (guard failures are recorded when the guard runs). Only sites whose arguments and dtype fit the
+    rule count: a float LayerNorm that looks like a dequantize is not a near miss."""
+    index, out = matcher.GraphIndex(graph), []
+    for pid in pattern_ids:
+        pattern = registry.by_id(pid)
+        for node, m, shared in matcher.near_misses(graph, pid, dtypes, index):
+            if guards.fits(pattern, m, run):
+                names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
+                out.append((pid, node, f"intermediate reused outside the pattern: {names}"))
+    return out
+
+
+def _record_misses(run: PassRun, misses: list[tuple[str, torch.fx.Node, str]]) -> None:
+    """Each of `misses` unless its site was rewritten by its own rule or one before it in the table (as
+    when every rule ran in turn and explained its misses before the next one took nodes)."""
+    order = {p.id: i for i, p in enumerate(registry.all_patterns())}
+    for pid, node, reason in misses:
+        by = run.replaced.get(node)
+        if by is None or order[by] > order[pid]:
+            run.near_miss(pid, node, reason)
 
 
 def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:

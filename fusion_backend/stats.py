@@ -52,6 +52,7 @@ class PassRun:
     options: Any
     record: GraphRecord
     current_site: str = ""
+    replaced: dict = dataclasses.field(default_factory=dict)  # node -> id of the rule that replaced it
     _missed: set = dataclasses.field(default_factory=set)
 
     def near_miss(self, pattern: str, node: torch.fx.Node, reason: str) -> None:

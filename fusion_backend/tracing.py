@@ -90,11 +90,15 @@ def _dag_variants(expr: Any, is_site: Callable[[Any], bool],
 
 
 def _commuted(expr: Any) -> list[Any]:
-    """Every variant of `expr` with operands of commutative aten ops swapped."""
+    """Every variant of `expr` with the operands of commutative aten ops swapped where one operand is an
+    input of the rule (`v + q * k`, `bias + y * s`: how user code may spell it). Inside a decomposition
+    (GELU's erf/tanh chain, SDPA's math) torch fixes the order, so those are matched as traced: swapping
+    them too made 2^n variants of a rule (204 for the tanh-GELU matmul epilogue) that no graph holds."""
     return _dag_variants(
         expr,
         lambda e: (len(e.args) == 2 and bool(set(e.fns) & _COMMUTATIVE)
-                   and all(isinstance(a, pm.PatternExpr) for a in e.args)),
+                   and all(isinstance(a, pm.PatternExpr) for a in e.args)
+                   and any(isinstance(a, pm.KeywordArg) for a in e.args)),
         lambda e, args: pm.CallFunction(e.fns, *args[::-1], _users=e.users, **e.kwargs))
 
 

@@ -1,0 +1,72 @@
+"""What fusekit's pass costs a compile: match attempts per graph node (a count: times are noisy), no tracing
+when the traced patterns are on disk, and the near-miss explanation only for a report."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import CPU  # noqa: E402
+import fusion_backend  # noqa: E402
+from fusion_backend import models  # noqa: E402
+
+# Measured on the tiny bench models (CPU, torch 2.13, fp32/fp16/bf16): at most 3.2 match attempts per graph
+# node (GPT-2 prefill; 12-layer GPT-2: 2.2), where one PatternMatcherPass per rule, every entry offered at
+# every node of its anchor op, made about 220. The bound leaves room for new rules, not for that again.
+MAX_ATTEMPTS_PER_NODE = 5.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_match_attempts_per_node_are_bounded(name, dtype):
+    model, inputs, _ = models.make(name, "cpu", dtype=dtype)
+    with torch.no_grad():
+        rep = fusion_backend.explain(model, **inputs, options=CPU)
+    nodes = sum(g.nodes_before for g in rep.graphs)
+    print(name, dtype, rep.match_attempts, "attempts over", nodes, "nodes")
+    assert rep.total_sites >= 2, str(rep)  # it still fuses (one site per layer)
+    assert 0 < rep.match_attempts <= MAX_ATTEMPTS_PER_NODE * nodes, (rep.match_attempts, nodes)
+
+
+def test_near_misses_of_reused_intermediates_only_for_a_report():
+    def f(q, k, v):
+        t = q * k
+        return t + v, t  # the product has a second user: mul_add cannot fire
+    args = [torch.randn(4, 8) for _ in range(3)]
+    quiet = fusion_backend.explain(f, *args, options={**CPU, "report": False})
+    full = fusion_backend.explain(f, *args, options=CPU)
+    assert quiet.sites["elementwise.mul_add"] == full.sites["elementwise.mul_add"] == 0
+    assert quiet.match_attempts == full.match_attempts > 0  # the cheap counts are always kept
+    assert not quiet.near_misses and not quiet.graphs[0].graph_code
+    assert any("reused" in m.reason for m in full.near_misses), str(full)
+    assert "fusekit.mul_add" not in full.graphs[0].graph_code and "aten.mul" in full.graphs[0].graph_code
+
+
+def test_new_process_loads_traced_patterns_instead_of_tracing(tmp_path):
+    """The first process traces and writes the disk cache; a second one, where tracing would raise, loads
+    it and fuses the same."""
+    code = textwrap.dedent("""
+        import sys, torch, fusion_backend
+        from fusion_backend import tracing
+        if sys.argv[1] == "forbid":
+            def no_trace(*a, **k):
+                raise AssertionError("traced at compile time")
+            tracing._trace_forms = no_trace
+        x = [torch.randn(4, 8) for _ in range(3)]
+        rep = fusion_backend.explain(lambda q, k, v: q * k + v, *x, options={"cpu_reference": True})
+        assert rep.sites["elementwise.mul_add"] == 1 and not rep.errors, str(rep)
+        print(len(list(tracing.cache_dir().glob("*.pkl"))))
+    """)
+    env = {**os.environ, "FUSEKIT_CACHE": str(tmp_path)}
+    outs = []
+    for how in ("trace", "forbid"):
+        r = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(int(r.stdout.split()[-1]))
+    assert outs[0] > 0 and outs[1] == outs[0]  # written once, then only read
+
