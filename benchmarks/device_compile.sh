@@ -12,8 +12,8 @@ START=$(date +%s)
 python3 -m pip install -v --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
 echo "install (kernels built in it): $(( $(date +%s) - START )) s; $(grep -E '^ *fusekit:' "$OUT/install.log" | tail -2 | tr '\n' ' ')" | tee -a "$OUT/gpu.txt"
 fusekit doctor 2>&1 | sed -n 1,8p | tee -a "$OUT/gpu.txt"
-if [ -n "${FIRST:-}" ]; then  # the first compile after the install: cold pattern cache, kernels from the install
-  python3 benchmarks/bench_compile.py --models "$FIRST" --phases prefill --modes default --cold-patterns \
+if [ -n "${FIRST:-}" ]; then  # the first compile after the install (COLD=1: with an emptied pattern cache)
+  python3 benchmarks/bench_compile.py --models "$FIRST" --phases prefill --modes default ${COLD:+--cold-patterns} \
     --out "$OUT/first" 2>&1 | grep -v -i warn | tee "$OUT/first.log" | grep -E "^  |building"
   grep -q "building CUDA kernels" "$OUT/first.log" && echo "FIRST COMPILE BUILT KERNELS" || echo "first compile: no kernel build"
 fi

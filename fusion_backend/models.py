@@ -90,7 +90,7 @@ def first_output(out: Any) -> torch.Tensor:
 def decode_step(name: str, device: str, dtype: torch.dtype | None = None, batch: int | None = None,
                 cache_len: int = 4096, position: int | None = None, seed: int = 0):
     """(step, description): one decode step of a decoder model against a ``transformers.StaticCache`` of
-    `cache_len` slots whose first `position` slots hold a prompt (filled by an eager prefill). ``step()``
+    `cache_len` slots (at most the model's positions) whose first `position` slots hold a prompt (filled by an eager prefill). ``step()``
     feeds one new token per sequence at `position` and returns the logits; the cache stays at the prompt
     (each call rewrites slot `position`). On CPU: the tiny configuration in float32, a 64-slot cache."""
     from transformers import StaticCache
@@ -99,9 +99,10 @@ def decode_step(name: str, device: str, dtype: torch.dtype | None = None, batch:
     if spec.encoder:
         raise ValueError(f"{name} is an encoder: it has no decode step")
     tiny = device == "cpu"
-    cache_len = 64 if tiny else cache_len
-    position = cache_len // 4 if position is None else position
     model, _, desc = make(name, device, dtype, batch or (TINY["batch"] if tiny else 1), 1, seed)
+    cfg = model.config  # a cache longer than the position table would index past it (GPT-2: 1024)
+    cache_len = min(64 if tiny else cache_len, getattr(cfg, "max_position_embeddings", None) or cfg.n_positions)
+    position = cache_len // 4 if position is None else position
     cache = StaticCache(config=model.config, max_cache_len=cache_len)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (desc["batch"], position + 1), generator=g).to(device)
