@@ -34,8 +34,8 @@ class Entry:
     entry: pm.PatternEntry
     order: int                                # its rule's place in the table
     size: int                                 # nodes in the pattern: longer first at one anchor
-    ops: tuple[Ops, ...]                      # each must meet the graph's targets
-    edges: tuple[tuple[Ops, int, Ops], ...]   # (parent, argument index, child), each must occur
+    ops: frozenset[Ops]                       # each must meet the graph's targets
+    edges: frozenset[tuple[Ops, int, Ops]]    # (parent, argument index, child), each must occur
 
 
 class GraphIndex:
@@ -143,8 +143,7 @@ def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str],
         fp.pattern_ids.append(pid)
         p = registry.by_id(pid)
         for dtype, device in dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes):
-            chosen.setdefault(family, []).extend(
-                e for e in entries(pid, dtype, device, index) if index.fits(e.ops, e.edges))
+            chosen.setdefault(family, []).extend(entries(pid, dtype, device, index))
     for family, es in chosen.items():
         patterns = out[family].pass_.patterns
         for e in sorted(es, key=lambda e: (e.order, -e.size)):  # stable: registration order breaks ties
