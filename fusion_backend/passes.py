@@ -39,11 +39,15 @@ class FusekitOptions:
     report: bool = False             # explain reused intermediates and keep the graph's code
 
 
+# The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
+ENGINE = ("backend", "passes", "registry", "tracing", "matcher", "guards", "ops", "verify", "_ext")
+
+
 def source_files() -> tuple[str, ...]:
     from . import patterns
 
     pat_dir = pathlib.Path(patterns.__file__).resolve().parent
-    return tuple(str(p) for p in sorted([*_PKG.glob("*.py"), *pat_dir.glob("*.py")]))
+    return tuple(str(p) for p in sorted([*(_PKG / f"{m}.py" for m in ENGINE), *pat_dir.glob("*.py")]))
 
 
 class FusekitPass(CustomGraphPass):
