@@ -106,9 +106,9 @@ def sources(root: pathlib.Path, arch: str = "any") -> list[pathlib.Path]:
     return [f for f in sorted(root.glob("*.cu")) if skip_reason(f, arch) is None]
 
 
-def skipped(arch: str) -> dict[str, str]:
+def skipped(arch: str, root: pathlib.Path | None = None) -> dict[str, str]:
     """{kernel file: why it is not built for `arch`}."""
-    root = csrc_dir()
+    root = root or csrc_dir()
     if root is None:
         return {}
     return {f.name: why for f in sorted(root.glob("*.cu")) if (why := skip_reason(f, arch))}
@@ -145,8 +145,9 @@ def build(arch: str, verbose: bool = False, root: pathlib.Path | None = None) ->
     t0 = time.time()
     print(f"fusekit: building CUDA kernels for sm_{arch.replace('.', '')} into {bd} "
           f"(once per torch/CUDA/arch/source version; 3 minutes on 16 cores with CUTLASS, "
-          f"`pip install --no-build-isolation` or `python -m fusion_backend.build` does it ahead of time)", file=sys.stderr, flush=True)
-    for name, why in {f.name: w for f in sorted(root.glob("*.cu")) if (w := skip_reason(f, arch))}.items():
+          f"`pip install --no-build-isolation` or `python -m fusion_backend.build` does it ahead of time)",
+          file=sys.stderr, flush=True)
+    for name, why in skipped(arch, root).items():
         print(f"fusekit: not building {name}: {why}", file=sys.stderr)
     load(name=NAME, sources=[str(s) for s in sources(root, arch)], build_directory=str(bd),
          extra_cflags=CXX_FLAGS, extra_cuda_cflags=[*CUDA_FLAGS, arch_flag(arch)],

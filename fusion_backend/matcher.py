@@ -63,6 +63,11 @@ def rule_dtype(p: Pattern, dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in p.dtypes else p.dtypes[0]
 
 
+def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]]) -> list[tuple[torch.dtype, str]]:
+    """The (rule dtype, device) pairs whose entries `p` offers a graph holding `dtypes`, each once."""
+    return list(dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes))
+
+
 @functools.cache
 def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> tuple[Entry, ...]:
     """The entries of one search form, made once per process, on first use."""
@@ -76,7 +81,7 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> t
                             extra_check=check, scalar_workaround=tracing._dummy_scalars(p),
                             search_fn_pattern=form.expr, skip_duplicates=True)
     G.harden_entries(p, store, precheck=check)
-    order = registry.all_patterns().index(p)
+    order = registry.position(pattern_id)
     return tuple(Entry(key, e, order, tracing._size(e.pattern), *form.needs)
                  for key, es in store.patterns.items() for e in es)
 
@@ -97,7 +102,7 @@ def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex 
 
 
 @functools.cache
-def relaxed(pattern_id: str, dtype: torch.dtype, device: str) -> tuple[tuple[Any, tuple, tuple], ...]:
+def relaxed(pattern_id: str, dtype: torch.dtype, device: str) -> tuple[tuple[Any, frozenset, frozenset], ...]:
     """The rule's own search forms with the one-user constraint dropped, with their requirements: they
     find the sites where an intermediate value is reused (for the report only)."""
     out, seen = [], set()
@@ -141,8 +146,7 @@ def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str],
         family = pid.split(".", 1)[0]
         fp = out.setdefault(family, FamilyPass(family, [], pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0))
         fp.pattern_ids.append(pid)
-        p = registry.by_id(pid)
-        for dtype, device in dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes):
+        for dtype, device in rule_pairs(registry.by_id(pid), dtypes):
             chosen.setdefault(family, []).extend(entries(pid, dtype, device, index))
     for family, es in chosen.items():
         patterns = out[family].pass_.patterns
@@ -158,7 +162,7 @@ def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dt
     """(anchor, relaxed match, reused intermediates) where `pid`'s chain occurs but an intermediate value
     has another user, so the rule itself cannot match."""
     p = registry.by_id(pid)
-    for dtype, device in dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes):
+    for dtype, device in rule_pairs(p, dtypes):
         if not index.fits(*tracing.common_requirements(p, dtype, device)):
             continue
         for expr, ops, edges in relaxed(pid, dtype, device):

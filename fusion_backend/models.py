@@ -90,9 +90,9 @@ def first_output(out: Any) -> torch.Tensor:
 def decode_step(name: str, device: str, dtype: torch.dtype | None = None, batch: int | None = None,
                 cache_len: int = 4096, position: int | None = None, seed: int = 0):
     """(step, description): one decode step of a decoder model against a ``transformers.StaticCache`` of
-    `cache_len` slots (at most the model's positions) whose first `position` slots hold a prompt (filled by an eager prefill). ``step()``
-    feeds one new token per sequence at `position` and returns the logits; the cache stays at the prompt
-    (each call rewrites slot `position`). On CPU: the tiny configuration in float32, a 64-slot cache."""
+    `cache_len` slots (at most the model's positions) whose first `position` slots hold a prompt (filled by
+    an eager prefill). ``step()`` feeds one new token per sequence at `position` and returns the logits; the
+    cache stays at the prompt (each call rewrites slot `position`). On CPU: the tiny configuration in float32, a 64-slot cache."""
     from transformers import StaticCache
 
     spec = MODELS[name]

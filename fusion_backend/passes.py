@@ -4,9 +4,9 @@ It runs the enabled patterns over the post-grad ATen graph (one pattern-matcher 
 ``matcher.py``), then the user's own post pass (never replaced). Anything it does not rewrite is Inductor's.
 Counts (sites, nodes replaced, match attempts, the pass's time) are always kept; the explanation of sites
 where an intermediate value is reused, and the rewritten graph's code, only for a report (``explain``,
-``options={"report": True}`` or DEBUG logging on ``fusion_backend``). Its ``uuid()`` covers the pattern tables, the
-engine and op sources, the kernel sources, the options and the user's pass, so a changed pattern can
-never replay a stale FX-graph or AOTAutograd cache entry.
+``options={"report": True}`` or DEBUG logging on ``fusion_backend``). Its ``uuid()`` covers the pattern
+tables, the engine and op sources, the kernel sources, the options and the user's pass, so a changed
+pattern can never replay a stale FX-graph or AOTAutograd cache entry.
 """
 from __future__ import annotations
 
@@ -132,10 +132,9 @@ def _reused_intermediates(graph: torch.fx.Graph, run: PassRun, pattern_ids: list
 def _record_misses(run: PassRun, misses: list[tuple[str, torch.fx.Node, str]]) -> None:
     """Each of `misses` unless its site was rewritten by its own rule or one before it in the table (as
     when every rule ran in turn and explained its misses before the next one took nodes)."""
-    order = {p.id: i for i, p in enumerate(registry.all_patterns())}
     for pid, node, reason in misses:
         by = run.replaced.get(node)
-        if by is None or order[by] > order[pid]:
+        if by is None or registry.position(by) > registry.position(pid):
             run.near_miss(pid, node, reason)
 
 

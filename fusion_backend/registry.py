@@ -5,8 +5,8 @@ A ``Pattern`` is data: its unfused ``reference`` is the search pattern (traced p
 Inductor's own decompositions, ``tracing.py``), the op's CPU kernel, the test oracle and the benchmark
 baseline; ``matcher.py`` turns it into pattern-matcher entries.
 
-Matching is exact on literals (``ignore_types=()``), and every commuted order of ``add``/``mul`` operands
-is registered, so ``v + q * k`` matches ``q * k + v``. A float parameter is bound to whatever feeds that
+Matching is exact on literals (``ignore_types=()``), and ``add``/``mul`` operands are commuted where one
+of them is a rule input, so ``v + q * k`` matches ``q * k + v``. A float parameter is bound to whatever feeds that
 operand: a Python number, or a 0-dim floating tensor (the user's, or Dynamo's tensorified float); the
 scalar guard rejects anything else.
 """
@@ -172,6 +172,12 @@ def all_patterns() -> tuple[Pattern, ...]:
         raise ValueError(f"duplicate pattern ids: {sorted(dup)}")
     register_cpu_references(PATTERNS)
     return tuple(PATTERNS)
+
+
+@functools.cache
+def position(pattern_id: str) -> int:
+    """The rule's place in the table: an earlier rule is tried first where two overlap."""
+    return [p.id for p in all_patterns()].index(pattern_id)
 
 
 def by_id(pattern_id: str) -> Pattern:
