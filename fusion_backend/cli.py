@@ -1,6 +1,6 @@
 """The ``fusekit`` command: bench, profile, explain, doctor.
 
-    fusekit bench   [--models gpt2,llama,bert,roberta,qwen2] [--modes ...] [--batch N --seq N] [--out DIR]
+    fusekit bench   [--phase prefill|decode|both] [--models gpt2,llama,...] [--modes ...] [--batch N --seq N] [--out DIR]
     fusekit profile --model bert [--out DIR]
     fusekit explain --model gpt2
     fusekit doctor
@@ -28,7 +28,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if bad:
         print(f"unknown model/mode {bad}; models: {list(models.MODELS)}, modes: {list(e2e.MODES)}", file=sys.stderr)
         return 2
-    e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq)
+    if a.phase in ("prefill", "both"):
+        e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq)
+    if a.phase in ("decode", "both"):
+        from . import decode_bench
+
+        ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
+        decode_bench.bench(names, pathlib.Path(a.out), "cpu" if a.cpu else None, ints(a.batches), ints(a.positions),
+                           generate=a.generate)
     return 0
 
 
@@ -112,6 +119,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--seq", type=int, default=None)
     b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model)")
     b.add_argument("--cpu", action="store_true", help="tiny configurations on CPU even with a GPU")
+    b.add_argument("--phase", default="both", choices=("prefill", "decode", "both"),
+                   help="prefill (whole prompts), decode (one step against a StaticCache, and generate), or both")
+    b.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (GPU default 1,8,32,64)")
+    b.add_argument("--positions", default=None, help="decode: comma-separated cache positions (GPU default "
+                   "128,1024,2048,4000 of 4096 slots)")
+    b.add_argument("--generate", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode: also time model.generate (default: on a GPU)")
     b.add_argument("--out", default="fusekit_bench")
     b.set_defaults(fn=cmd_bench)
     p = sub.add_parser("profile", help="torch.profiler report of one model under eager, Inductor, fusekit")

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch._inductor import pattern_matcher as pm
 
-from . import _ext
+from . import _ext, ops
 from .stats import active_run
 
 if TYPE_CHECKING:
@@ -341,6 +341,8 @@ def _device_guard(p: "Pattern") -> Guard:
         if dev.type == "cuda":
             missing = _ext.missing_cuda_kernel(p.op, dev)
             dtype = s.tensor(tensors[0]).dtype
+            if missing is None and dtype not in ops.CUDA_DTYPES.get(p.op, (dtype,)):
+                return f"fusekit::{p.op} has no CUDA kernel for {dtype}"
             if missing is None and p.id not in s.run.options.forced:
                 if not p.on_by_default(dtype):
                     return (f"off by default on CUDA in {dtype}: slower than Inductor's kernel in the benchmark; "

@@ -28,14 +28,15 @@ class ModelSpec:
         return getattr(transformers, self.model)(cfg)
 
 
+# head dim 64: the smallest the decode kernel takes, so the tiny decoders exercise the decode rules on CPU
 _TINY_DECODER = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+                     num_key_value_heads=2, head_dim=64, vocab_size=256, max_position_embeddings=128)
 _TINY_ENCODER = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
                      vocab_size=256)
 
 MODELS = {m.name: m for m in [
     ModelSpec("gpt2", "GPT-2 124M", "GPT2Config", "GPT2LMHeadModel", {},
-              dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0,
+              dict(n_layer=2, n_head=1, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0,
                    eos_token_id=0), torch.float16, 8, 512, False),
     ModelSpec("llama", "Llama-style, hidden 2048, 8 layers, GQA 16/4", "LlamaConfig", "LlamaForCausalLM",
               dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
@@ -50,6 +51,12 @@ MODELS = {m.name: m for m in [
               dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
                    num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096),
               _TINY_DECODER, torch.bfloat16, 4, 512, False),
+    ModelSpec("mistral", "Mistral-style, hidden 2048, 8 layers, GQA 16/4, sliding window 1024", "MistralConfig",
+              "MistralForCausalLM",
+              dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                   num_key_value_heads=4, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
+                   sliding_window=1024),
+              dict(_TINY_DECODER, sliding_window=16), torch.bfloat16, 4, 512, False),
 ]}
 TINY = dict(batch=2, seq=32)
 

@@ -55,15 +55,19 @@ SCHEMAS = {
     # attention: softmax(q @ k^T * scale + mask) @ v; safe=True zeroes fully masked rows (SDPA's math
     # backend), safe=False leaves them NaN (a plain softmax)
     "attention": "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool safe) -> Tensor",
+    # attention of a few query rows against a KV cache of grouped heads: q [B,Hq,Lq,D], k/v [B,Hkv,S,D]
+    "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": (
         "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
     ),
 }
 # Ops that take any strides (their kernels read strided inputs): no copies forced before them.
-ANY_STRIDES = {"attention", "matmul_epilogue"}
+ANY_STRIDES = {"attention", "decode_attention", "matmul_epilogue"}
 # Ops whose output takes the layout of their first input (the fake's empty_like), not a contiguous one.
-OUT_LIKE_FIRST = {"attention"}
+OUT_LIKE_FIRST = {"attention", "decode_attention"}
+# Ops whose CUDA kernel takes fewer dtypes than their rules (which also run on CPU): the rest stay Inductor's.
+CUDA_DTYPES = {"decode_attention": (torch.float16, torch.bfloat16)}
 for _name, _schema in SCHEMAS.items():
     LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
 
@@ -184,6 +188,16 @@ def _(q, k, v, mask, scale, safe):
     # q's layout (a head-transposed q gives a head-transposed output, which the model's
     # transpose + reshape back to [B, S, H*D] then reads as a view)
     return torch.empty_like(q)
+
+
+@torch.library.register_fake("fusekit::decode_attention")
+def _(q, k, v, mask, scale):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+                 lambda: f"decode_attention: q, k, v must be 4-D, got {q.dim()}, {k.dim()}, {v.dim()}")
+    torch._check(q.shape[-1] == v.shape[-1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
+                 lambda: f"decode_attention: want q [B,Hq,Lq,D], k/v [B,Hkv,S,D], Hq % Hkv == 0; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    return torch.empty_like(q)  # q's layout, as for attention
 
 
 @torch.library.register_fake("fusekit::verify")

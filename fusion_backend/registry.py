@@ -50,6 +50,9 @@ class Pattern:
     # Other eager spellings of the same computation (same parameters, static ones omitted). Each is
     # registered as a search pattern too (duplicates of the reference's are skipped) and tested.
     variants: tuple[Callable[..., Any], ...] = ()
+    # Spellings that exist only in a post-grad graph of another device (SDPA's fused CUDA ops): traced and
+    # matched like variants, never run eagerly here; tests match them on their traced graphs.
+    graph_forms: tuple[Callable[..., Any], ...] = ()
     cases: tuple[tuple, ...] = ((4, 33), (2, 3, 64))  # test shapes, interpreted by `inputs`
     trace_case: tuple = (2, 8)                # tiny shape used to trace the search pattern
     bad_layout: Callable[..., tuple] | None = None  # (dtype, device) -> inputs a layout guard rejects

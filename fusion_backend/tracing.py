@@ -370,7 +370,7 @@ def _common(forms: list[SearchForm]) -> Requirements:
 def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
     out: list[SearchForm] = []
     seen: set[str] = set()
-    for fn in (None, *p.variants):
+    for fn in (None, *p.variants, *p.graph_forms):
         traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn)
         forms = [(traced, False)]
         if torch.float32 in p.output_casts and dtype != torch.float32:

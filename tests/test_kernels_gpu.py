@@ -6,7 +6,7 @@ the fused result is at most 2x as far from a float64 reference as eager in the s
 import pytest
 import torch
 
-from fusion_backend import _ext, guards, registry
+from fusion_backend import _ext, guards, ops, registry
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -25,6 +25,8 @@ def cuda_patterns(flat=None):
             continue
         if _ext.missing_cuda_kernel(p.op, torch.device("cuda")) is None:
             for dt in p.dtypes:
+                if dt not in ops.CUDA_DTYPES.get(p.op, (dt,)):  # the rule's CPU-only dtypes
+                    continue
                 out.append(pytest.param(p, dt, id=f"{p.id}-{str(dt)[6:]}"))
     return out
 

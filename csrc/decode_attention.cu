@@ -1,0 +1,414 @@
+// fusekit::decode_attention -- a few query rows per sequence against a KV cache, grouped query heads read
+// from their shared KV head (no repeat_kv copy), KV blocks the mask hides skipped, the cache split across
+// thread blocks (flash-decoding) and the partial softmaxes combined.
+//
+//   def decode_attention_ref(q, k, v, mask=None, scale=0.125):
+//       n = q.shape[1] // k.shape[1]                 # query heads per KV head (1: MHA)
+//       return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask, scale=scale)
+//
+// Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, on one CUDA device, one dtype in
+// {float16, bfloat16}, D in {64, 128, 256}, unit last-dim stride; k and v 16-byte aligned (every other
+// stride and the offset a multiple of 8 elements). mask: none, bool (True = attend), q's dtype or float32
+// (additive), broadcastable to [B,Hq,Lq,S]. Returns [B,Hq,Lq,D] in q's layout (empty_like(q)). A row the
+// mask hides entirely gives 0, as PyTorch's SDPA kernels do. Accumulates in float32.
+//
+// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 8 rows of its query group). Per
+// 64-key block it reads the mask first and skips the block's K and V when every row's mask hides every
+// key; each visible key row is read once (16 bytes per lane) for all the rows of the group. With more
+// than one split, partial (max, sum, output) go to a float32 workspace and a second kernel combines them.
+// Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
+#include "fusekit.h"
+
+#include <cmath>
+
+namespace fusekit {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kBlockN = 64;     // keys per mask-skip block
+constexpr int kMaxChunk = 1024;  // keys per split at most (the score buffer lives in shared memory)
+constexpr float kLog2e = 1.4426950408889634f;
+
+enum MaskKind { kNoMask = 0, kBoolMask = 1, kSameMask = 2, kFloatMask = 3 };
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* mask;
+  void* out;
+  float* part_o;    // [splits, rows_total, D]
+  float2* part_ml;  // [splits, rows_total] (max, sum) in log2 units
+  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, os0, os1, os2;
+  int64_t rows_total;  // B * Hq * Lq
+  int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
+  float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
+};
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __half*) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __half22float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __nv_bfloat16*) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
+  switch (p.mask_kind) {
+    case kBoolMask:
+      return reinterpret_cast<const bool*>(p.mask)[off] ? 0.f : -INFINITY;
+    case kSameMask:
+      return static_cast<float>(reinterpret_cast<const T*>(p.mask)[off]) * kLog2e;
+    case kFloatMask:
+      return reinterpret_cast<const float*>(p.mask)[off] * kLog2e;
+    default:
+      return 0.f;
+  }
+}
+
+template <int LPK>
+__device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes that share one key row
+#pragma unroll
+  for (int off = LPK / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+template <typename T, int D, int RT>
+__global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Params p) {
+  constexpr int LPK = D / 8;          // lanes per key row, 16 bytes each
+  constexpr int KPW = 32 / LPK;       // key rows per warp per step
+  constexpr int KPS = kWarps * KPW;   // key rows per CTA per step
+  constexpr int STEPS = kBlockN / KPS;
+  constexpr int UNROLL = STEPS < 8 ? STEPS : 8;  // 16-byte loads in flight per lane
+  extern __shared__ float smem[];
+  float* sc = smem;                  // [RT][chunk] scores, then probabilities
+  float* so = smem + RT * p.chunk;   // [RT][D] the CTA's output sum
+  __shared__ float s_m[RT], s_l[RT];
+  __shared__ int64_t s_moff[RT];
+  __shared__ int s_vis[kMaxChunk / kBlockN];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int kslot = lane / LPK, dsub = lane % LPK;
+  const int z = blockIdx.x % p.zchunks;
+  const int bh = blockIdx.x / p.zchunks;
+  const int b = bh / p.hkv, kvh = bh % p.hkv;
+  const int split = blockIdx.y;
+  const int key_begin = split * p.chunk;
+  const int nblocks = (min(p.chunk, p.s - key_begin) + kBlockN - 1) / kBlockN;
+  const int r0 = z * RT;
+  const int nr = min(RT, p.rows - r0);
+
+  if (tid < RT) {
+    const int r = r0 + min(tid, nr - 1);
+    s_moff[tid] = b * p.ms0 + (kvh * p.group + r / p.lq) * p.ms1 + (r % p.lq) * p.ms2;
+  }
+  float qr[RT][8];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const int rr = r0 + min(r, nr - 1);
+    const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 +
+                  (rr % p.lq) * p.qs2 + dsub * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qr[r][e] = r < nr ? static_cast<float>(qp[e]) * p.scale_log2 : 0.f;
+  }
+  __syncthreads();
+
+  const T* kbase = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + dsub * 8;
+  const T* vbase = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + dsub * 8;
+
+  // ---- scores: mask first; a block no row can see is never read ----
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int k0 = key_begin + blk * kBlockN;
+    bool any = false;
+    for (int i = tid; i < RT * kBlockN; i += kWarps * 32) {
+      const int r = i / kBlockN, j = i % kBlockN, key = k0 + j;
+      float m = -INFINITY;
+      if (r < nr && key < p.s) m = p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3);
+      sc[r * p.chunk + blk * kBlockN + j] = m;
+      any |= !(m == -INFINITY);  // a NaN counts as visible: it reaches the output as in the reference
+    }
+    const int vis = __syncthreads_or(any);
+    if (tid == 0) s_vis[blk] = vis;
+    if (!vis) continue;
+#pragma unroll
+    for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
+      uint4 kv[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int key = k0 + (st0 + u) * KPS + warp * KPW + kslot;
+        kv[u] = key < p.s ? __ldg(reinterpret_cast<const uint4*>(kbase + key * p.ks2)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int j = (st0 + u) * KPS + warp * KPW + kslot;
+        float f[8];
+        unpack8(kv[u], f, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          float d = 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) d = fmaf(qr[r][e], f[e], d);
+          d = sum_key_lanes<LPK>(d);
+          if (dsub == 0 && r < nr && k0 + j < p.s) sc[r * p.chunk + blk * kBlockN + j] += d;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- softmax numerators over this split: one warp per row ----
+  const int keys = nblocks * kBlockN;
+  for (int r = warp; r < RT; r += kWarps) {
+    float m = -INFINITY;
+    for (int j = lane; j < keys; j += 32) m = fmaxf(m, sc[r * p.chunk + j]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float l = 0.f;
+    for (int j = lane; j < keys; j += 32) {
+      const float e = m == -INFINITY ? 0.f : exp2f(sc[r * p.chunk + j] - m);
+      sc[r * p.chunk + j] = e;
+      l += e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) {
+      s_m[r] = m;
+      s_l[r] = l;
+    }
+  }
+  for (int i = tid; i < RT * D; i += kWarps * 32) so[i] = 0.f;
+  __syncthreads();
+
+  // ---- probabilities @ V over the visible blocks ----
+  float o[RT][8];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[r][e] = 0.f;
+  for (int blk = 0; blk < nblocks; ++blk) {
+    if (!s_vis[blk]) continue;
+    const int k0 = key_begin + blk * kBlockN;
+#pragma unroll
+    for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
+      uint4 vv[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int key = k0 + (st0 + u) * KPS + warp * KPW + kslot;
+        vv[u] = key < p.s ? __ldg(reinterpret_cast<const uint4*>(vbase + key * p.vs2)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int j = blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot;
+        float f[8];
+        unpack8(vv[u], f, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          const float pr = sc[r * p.chunk + j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[r][e] = fmaf(pr, f[e], o[r][e]);
+        }
+      }
+    }
+  }
+  // the key slots of a warp, then the warps in turn (a fixed order: deterministic sums)
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+#pragma unroll
+      for (int off = LPK; off < 32; off <<= 1) o[r][e] += __shfl_xor_sync(0xffffffffu, o[r][e], off);
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w && kslot == 0) {
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) so[r * D + dsub * 8 + e] += o[r][e];
+    }
+    __syncthreads();
+  }
+
+  for (int i = tid; i < nr * D; i += kWarps * 32) {
+    const int r = i / D, d = i % D, rr = r0 + r;
+    const int h = kvh * p.group + rr / p.lq, qi = rr % p.lq;
+    if (p.splits == 1) {
+      const float l = s_l[r];
+      static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = static_cast<T>(l > 0.f ? so[i] / l : 0.f);
+    } else {
+      const int64_t row = (static_cast<int64_t>(b) * p.hq + h) * p.lq + qi;
+      p.part_o[(split * p.rows_total + row) * D + d] = so[i];
+      if (d == 0) p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
+    }
+  }
+}
+
+// One block of D threads per output row: rescale each split's partial sums to the common max.
+template <typename T, int D>
+__global__ void __launch_bounds__(D) combine_splits(const Params p) {
+  const int64_t row = blockIdx.x;
+  const int d = threadIdx.x;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.part_ml[s * p.rows_total + row].x);
+  float l = 0.f, acc = 0.f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) {
+      const float2 ml = p.part_ml[s * p.rows_total + row];
+      const float w = exp2f(ml.x - mx);  // 0 for a split that saw nothing (max -inf)
+      l += ml.y * w;
+      acc += p.part_o[(s * p.rows_total + row) * D + d] * w;
+    }
+  }
+  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
+  static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = static_cast<T>(l > 0.f ? acc / l : 0.f);
+}
+
+bool aligned16(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;
+  }
+  return true;
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& mask) {
+  FK_CHECK_CUDA(q);
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "fusekit: decode_attention takes float16 or bfloat16, got q ", describe(q));
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "fusekit: decode_attention: q, k, v must be 4-D; got ", describe(q), ", ", describe(k), ", ",
+              describe(v));
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
+                  k.device() == q.device() && v.device() == q.device(),
+              "fusekit: decode_attention: q, k, v must share dtype and device; got ", describe(q), ", ",
+              describe(k), ", ", describe(v));
+  TORCH_CHECK(k.size(0) == q.size(0) && v.sizes() == k.sizes() && k.size(3) == q.size(3) && k.size(1) > 0 &&
+                  q.size(1) % k.size(1) == 0,
+              "fusekit: decode_attention: want q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0; got ",
+              describe(q), ", ", describe(k), ", ", describe(v));
+  TORCH_CHECK(q.size(2) > 0 && k.size(2) > 0, "fusekit: decode_attention needs a query and a key; got ",
+              describe(q), ", ", describe(k));
+  const int64_t d = q.size(3);
+  TORCH_CHECK(d == 64 || d == 128 || d == 256, "fusekit: decode_attention: head dim must be 64, 128 or 256; got ",
+              describe(q));
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "fusekit: decode_attention: q, k, v need a unit last-dim stride");
+  TORCH_CHECK(aligned16(k) && aligned16(v), "fusekit: decode_attention: k and v rows must be 16-byte aligned "
+              "(strides and offset multiples of 8 elements)");
+  TORCH_CHECK(k.size(2) <= (int64_t{1} << 30) && q.size(1) * q.size(2) <= (int64_t{1} << 20),
+              "fusekit: decode_attention: sizes too large: ", describe(q), ", ", describe(k));
+  if (mask) {
+    const at::Tensor& m = *mask;
+    TORCH_CHECK(m.device() == q.device(), "fusekit: decode_attention: mask on another device: ", describe(m));
+    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type() ||
+                    m.scalar_type() == at::kFloat,
+                "fusekit: decode_attention: mask must be bool, float32 or q's dtype; got ", describe(m));
+    const int64_t full[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
+    bool ok = m.dim() <= 4;
+    for (int64_t i = 1; ok && i <= m.dim(); ++i) ok = m.size(-i) == 1 || m.size(-i) == full[4 - i];
+    TORCH_CHECK(ok, "fusekit: decode_attention: mask ", describe(m), " does not broadcast to [B,Hq,Lq,S]");
+  }
+}
+
+template <typename T, int D, int RT>
+void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
+  const size_t smem = (static_cast<size_t>(RT) * p.chunk + RT * D) * sizeof(float);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (p.splits > 1) {
+    combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename T, int D>
+void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
+  if (rt == 1) return launch<T, D, 1>(p, blocks_x, q);
+  if (rt == 4) return launch<T, D, 4>(p, blocks_x, q);
+  return launch<T, D, 8>(p, blocks_x, q);
+}
+
+at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& mask, double scale) {
+  check_inputs(q, k, v, mask);
+  c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty_like(q);  // the fake's layout
+  const int64_t B = q.size(0), hq = q.size(1), lq = q.size(2), d = q.size(3), hkv = k.size(1), S = k.size(2);
+  if (B == 0) return out;
+  const int group = static_cast<int>(hq / hkv), rows = static_cast<int>(group * lq);
+  const int rt = rows <= 1 ? 1 : rows <= 4 ? 4 : 8;
+  const int zchunks = (rows + rt - 1) / rt;
+  const int64_t blocks_x = B * hkv * zchunks;
+  TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
+
+  // Splits: enough CTAs for ~8 per SM, at most kMaxChunk keys each, whole 64-key blocks.
+  const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
+  const int64_t target = 8 * static_cast<int64_t>(sm_count());
+  int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
+  splits = std::max(splits, (nb + kMaxChunk / kBlockN - 1) / (kMaxChunk / kBlockN));
+  const int chunk_blocks = (nb + splits - 1) / splits;
+  splits = (nb + chunk_blocks - 1) / chunk_blocks;
+  TORCH_CHECK(splits < 65536, "fusekit: decode_attention: cache too long: ", describe(k));
+
+  Params p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.qs0 = q.stride(0), p.qs1 = q.stride(1), p.qs2 = q.stride(2);
+  p.ks0 = k.stride(0), p.ks1 = k.stride(1), p.ks2 = k.stride(2);
+  p.vs0 = v.stride(0), p.vs1 = v.stride(1), p.vs2 = v.stride(2);
+  p.os0 = out.stride(0), p.os1 = out.stride(1), p.os2 = out.stride(2);
+  at::Tensor m;
+  p.mask_kind = kNoMask;
+  if (mask) {
+    m = *mask;
+    while (m.dim() < 4) m = m.unsqueeze(0);
+    m = m.expand({B, hq, lq, S});  // broadcast dims get stride 0
+    p.mask = m.data_ptr();
+    p.ms0 = m.stride(0), p.ms1 = m.stride(1), p.ms2 = m.stride(2), p.ms3 = m.stride(3);
+    p.mask_kind = m.scalar_type() == at::kBool ? kBoolMask : m.scalar_type() == at::kFloat ? kFloatMask : kSameMask;
+  }
+  p.rows_total = B * hq * lq;
+  p.hq = static_cast<int>(hq), p.hkv = static_cast<int>(hkv), p.lq = static_cast<int>(lq);
+  p.s = static_cast<int>(S), p.group = group, p.rows = rows, p.zchunks = zchunks;
+  p.chunk = chunk_blocks * kBlockN, p.splits = splits;
+  p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  at::Tensor part_o, part_ml;
+  if (splits > 1) {
+    part_o = at::empty({splits, p.rows_total, d}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({splits, p.rows_total, 2}, q.options().dtype(at::kFloat));
+    p.part_o = part_o.data_ptr<float>();
+    p.part_ml = reinterpret_cast<float2*>(part_ml.data_ptr<float>());
+  }
+  const auto dispatch = [&](auto tag) {
+    using T = decltype(tag);
+    if (d == 64) return launch_rows<T, 64>(p, blocks_x, rt, q);
+    if (d == 128) return launch_rows<T, 128>(p, blocks_x, rt, q);
+    return launch_rows<T, 256>(p, blocks_x, rt, q);
+  };
+  if (q.scalar_type() == at::kHalf) {
+    dispatch(__half{});
+  } else {
+    dispatch(__nv_bfloat16{});
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("decode_attention", &fusekit::decode_attention_cuda); }

@@ -1,0 +1,340 @@
+"""``fusekit bench --phase decode``: one decode step of Hugging Face decoders against a ``StaticCache``
+(eager / Inductor / fusekit, each plain and replayed as a CUDA graph), at several batch sizes and cache
+positions, with the step's byte floor (weights + the visible KV rows at the measured copy bandwidth), compile
+time, the match report and fusekit's logits against Inductor's; plus a greedy ``model.generate`` with a
+static cache (tokens/s, tokens compared with eager's). Writes decode.md, decode.json and decode.png.
+
+The cache is filled with random rows up to its end, so one compiled step serves every position: only
+``cache_position`` (a static input of the CUDA graph) changes, and with it the mask.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from . import models, stats
+from .backend import backend as fusekit_backend
+from .report import Report, no_compile_caches
+
+BACKENDS = ("eager", "inductor", "fusekit")
+GPU_BATCHES = (1, 8, 32, 64)
+GPU_POSITIONS = (128, 1024, 2048, 4000)
+CACHE_LEN = 4096
+
+
+class Step:
+    """One decode step of `name` at batch `batch` against a StaticCache of `cache_len` slots."""
+
+    def __init__(self, name: str, device: str, batch: int, cache_len: int, dtype: torch.dtype | None = None):
+        from transformers import StaticCache
+
+        self.model, _, self.desc = models.make(name, device, dtype, batch, 1)
+        cfg = self.model.config
+        limit = getattr(cfg, "max_position_embeddings", None) or cfg.n_positions
+        self.cache_len = min(cache_len, limit)
+        self.cache = StaticCache(config=cfg, max_cache_len=self.cache_len)
+        g = torch.Generator().manual_seed(0)
+        self.token = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to(device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        with torch.no_grad():
+            self(self.model)  # allocates the cache layers
+            for layer in self.cache.layers:  # every slot holds a plausible row; the mask decides what is read
+                for t in (layer.keys, layer.values):
+                    t.normal_(0, 0.5)
+
+    def at(self, position: int) -> None:
+        """Step at `position`: the mask's cache_position, and the write slot of caches that count their own
+        length (transformers >= 5.2x: a tensor that each step advances in place, replays of a graph included)."""
+        self.pos.fill_(position)
+        for layer in self.cache.layers:
+            n = getattr(layer, "cumulative_length", None)
+            if isinstance(n, torch.Tensor):
+                n.fill_(position)
+            if isinstance(getattr(layer, "cumulative_length_int", None), int):  # a sliding-window layer
+                layer.cumulative_length_int = position
+
+    def __call__(self, fn: Callable[..., Any]) -> torch.Tensor:
+        return fn(self.token, past_key_values=self.cache, cache_position=self.pos, use_cache=True).logits
+
+    def kv_bytes(self, position: int) -> int:
+        """Bytes of the KV rows visible at `position` (slots 0..position), every layer."""
+        total = 0
+        for layer in self.cache.layers:
+            k = layer.keys
+            slots = min(position + 1, k.shape[2])  # a sliding-window layer holds fewer slots
+            total += 2 * k.shape[0] * k.shape[1] * slots * k.shape[3] * k.element_size()
+        return total
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write), triton's do_bench median."""
+    from triton.testing import do_bench
+
+    x = torch.empty(2**29, dtype=torch.float16, device=device)
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=20, rep=200, return_mode="median")
+    return 2 * x.numel() * 2 / (ms * 1e-3)
+
+
+def _graphed(fn: Callable[[], Any]) -> Callable[[], Any] | None:
+    """fn captured as a CUDA graph (its inputs are static tensors), or None where capture fails."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return g.replay
+    except Exception as e:  # noqa: BLE001 - eager HF code may sync on the host: no graph for it
+        print(f"    (no CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:120]})", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
+def _ms(fn: Callable[[], Any], cpu: bool) -> float:
+    if cpu:
+        fn()
+        ts = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def _compile(backend: str, model: Any, cpu: bool) -> Any:
+    """Default dynamism: a sliding-window cache's length counter is a Python int that changes every step (one
+    recompile makes it symbolic; dynamic=False would recompile every step)."""
+    torch._dynamo.reset()
+    if backend == "eager":
+        return model
+    if backend == "inductor":
+        return torch.compile(model)
+    return torch.compile(model, backend=fusekit_backend(options={"cpu_reference": True} if cpu else None))
+
+
+def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, cache_len: int, bw: float | None,
+              log: Callable[[str], None] = print) -> dict:
+    cpu = device == "cpu"
+    st = Step(name, device, batch, cache_len)
+    positions = tuple(p for p in positions if p < st.cache_len) or (st.cache_len // 2,)
+    res: dict[str, Any] = {**st.desc, "seq": 1, "cache_len": st.cache_len, "backends": {}, "positions": {}}
+    wbytes = st.weight_bytes()
+    logits: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for be in BACKENDS:
+            fn = _compile(be, st.model, cpu)
+            st.at(positions[0])
+            with stats.collect() as records, no_compile_caches():
+                t0 = time.perf_counter()
+                logits[be] = st(fn).float()
+                if not cpu:
+                    torch.cuda.synchronize()
+                compile_s = time.perf_counter() - t0
+            info: dict[str, Any] = {"compile_s": compile_s if be != "eager" else None}
+            if be == "fusekit":
+                rep = Report(list(records))
+                info["sites"] = {k: v for k, v in rep.sites.items() if v}
+                info["errors"] = len(rep.errors)
+                info["report"] = str(rep)
+            res["backends"][be] = info
+            graph = None if cpu else _graphed(lambda: st(fn))
+            for p in positions:
+                st.at(p)
+                row = res["positions"].setdefault(str(p), {})
+                row[be] = _ms(lambda: st(fn), cpu)
+                if graph is not None:
+                    row[be + "+graph"] = _ms(graph, cpu)
+                floor_bytes = wbytes + st.kv_bytes(p)
+                row["floor_ms"] = floor_bytes / bw * 1e3 if bw else None
+            log(f"  {name:8s} b{batch:<3d} {be:9s} compile {info['compile_s'] or 0:5.1f} s  " + "  ".join(
+                f"@{p}: {res['positions'][str(p)][be]:.3f}" + (f"/{res['positions'][str(p)].get(be + '+graph', 0):.3f}g"
+                                                                if be + "+graph" in res["positions"][str(p)] else "")
+                for p in positions) + (f"  fused {info.get('sites')}" if be == "fusekit" else ""))
+            del fn
+            torch._dynamo.reset()
+    ref = logits["inductor"]
+    res["fusekit_vs_inductor_max_abs"] = (logits["fusekit"] - ref).abs().max().item()
+    res["eager_vs_inductor_max_abs"] = (logits["eager"] - ref).abs().max().item()
+    for row in res["positions"].values():
+        for mode in ("", "+graph"):
+            i, f = row.get("inductor" + mode), row.get("fusekit" + mode)
+            row["speedup" + mode] = i / f if i and f else None
+        best = row.get("fusekit+graph") or row.get("fusekit")
+        row["floor_frac"] = row["floor_ms"] / best if row.get("floor_ms") and best else None
+    del st
+    if not cpu:
+        torch.cuda.empty_cache()
+    return res
+
+
+def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, log: Callable[[str], None] = print) -> dict:
+    """Greedy ``generate`` with a static cache, compiled by each backend (transformers compiles the decode
+    forward itself, ``compile_config``): tokens/s of a second run, and tokens compared with eager's."""
+    from transformers import CompileConfig
+
+    cpu = device == "cpu"
+    model, _, desc = models.make(name, device, None, batch, prompt)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=g).to(device)
+    out: dict[str, Any] = {**desc, "prompt": prompt, "new_tokens": new, "backends": {}}
+    tokens: dict[str, torch.Tensor] = {}
+    for be in BACKENDS:
+        torch._dynamo.reset()
+        kw: dict[str, Any] = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                  cache_implementation="static", pad_token_id=0)
+        if be == "eager":
+            kw["disable_compile"] = True
+        else:
+            backend = "inductor" if be == "inductor" else fusekit_backend(
+                options={"cpu_reference": True} if cpu else None)
+            kw["compile_config"] = CompileConfig(backend=backend, fullgraph=False, dynamic=False)
+        try:
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                model.generate(ids, **kw)  # compiles
+                first = time.perf_counter() - t0
+                if not cpu:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                seq = model.generate(ids, **kw)
+                if not cpu:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - report it, keep the benchmark going
+            out["backends"][be] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            log(f"  generate {name} {be}: {out['backends'][be]['error']}")
+            continue
+        tokens[be] = seq[:, prompt:]
+        out["backends"][be] = {"first_run_s": first, "s": dt, "tokens_per_s": batch * new / dt}
+        log(f"  generate {name} b{batch} {be:9s} {batch * new / dt:10,.0f} tok/s  (first run {first:.1f} s)")
+    if "eager" in tokens:
+        for be, t in tokens.items():
+            same = (t == tokens["eager"])
+            first_diff = (~same).any(0).nonzero()
+            out["backends"][be]["tokens_equal_eager"] = bool(same.all())
+            out["backends"][be]["first_divergence"] = int(first_diff[0]) if len(first_diff) else None
+            out["backends"][be]["match_frac"] = same.float().mean().item()
+    return out
+
+
+def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
+    lines = [f"# fusekit bench --phase decode: {env['device']}", "",
+             f"torch {env['torch']}, transformers {env['transformers']}. One decode step (1 new token per sequence) "
+             f"against a StaticCache; median ms (triton do_bench); +graph = the compiled step replayed as a CUDA "
+             f"graph. Floor = (weights + KV rows visible at the position) / copy bandwidth "
+             f"({(env.get('copy_gbps') or 0):,.0f} GB/s).", "",
+             "| model | batch | position | eager | Inductor | fusekit | Inductor+graph | fusekit+graph | "
+             "speedup | speedup+graph | floor ms | floor / fusekit | sites |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x: Any, fmt: str = "{:.3f}") -> str:
+        return "-" if x is None else fmt.format(x)
+
+    for r in results:
+        sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r["backends"]["fusekit"].get("sites", {}).items()) or "-"
+        for p, row in r["positions"].items():
+            lines.append(f"| {r['model']} | {r['batch']} | {p}/{r['cache_len']} | {f(row.get('eager'))} | "
+                         f"{f(row.get('inductor'))} | {f(row.get('fusekit'))} | {f(row.get('inductor+graph'))} | "
+                         f"{f(row.get('fusekit+graph'))} | {f(row.get('speedup'), '{:.2f}x')} | "
+                         f"{f(row.get('speedup+graph'), '{:.2f}x')} | {f(row.get('floor_ms'))} | "
+                         f"{f(row.get('floor_frac'), '{:.0%}')} | {sites} |")
+    lines += ["", "| model | batch | compile Inductor s | compile fusekit s | ratio | fusekit - Inductor logits (max abs) | eager - Inductor |",
+              "|---|---|---|---|---|---|---|"]
+    for r in results:
+        ci, cf = r["backends"]["inductor"]["compile_s"], r["backends"]["fusekit"]["compile_s"]
+        lines.append(f"| {r['model']} | {r['batch']} | {ci:.1f} | {cf:.1f} | {cf / ci:.2f}x | "
+                     f"{r['fusekit_vs_inductor_max_abs']:.2e} | {r['eager_vs_inductor_max_abs']:.2e} |")
+    if gens:
+        lines += ["", "generate (greedy, static cache, compiled by transformers' compile_config):", "",
+                  "| model | batch | prompt + new | backend | tokens/s | vs Inductor | first run s | tokens = eager | first divergence |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for gr in gens:
+            base = gr["backends"].get("inductor", {}).get("tokens_per_s")
+            for be, b in gr["backends"].items():
+                if "error" in b:
+                    lines.append(f"| {gr['model']} | {gr['batch']} | {gr['prompt']}+{gr['new_tokens']} | {be} | "
+                                 f"error: {b['error']} | | | | |")
+                    continue
+                lines.append(f"| {gr['model']} | {gr['batch']} | {gr['prompt']}+{gr['new_tokens']} | {be} | "
+                             f"{b['tokens_per_s']:,.0f} | {f(b['tokens_per_s'] / base if base else None, '{:.2f}x')} | "
+                             f"{b['first_run_s']:.1f} | {b.get('tokens_equal_eager', '-')} | "
+                             f"{f(b.get('first_divergence'), '{}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for r in results:
+        ps = list(r["positions"])
+        ys = [r["positions"][p].get("speedup+graph") or r["positions"][p].get("speedup") or 0 for p in ps]
+        ax.plot([int(p) for p in ps], ys, marker="o", label=f"{r['model']} b{r['batch']}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("cache position")
+    ax.set_ylabel("fusekit speed vs Inductor (decode step)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def bench(names: list[str], out: pathlib.Path, device: str | None = None, batches: tuple[int, ...] | None = None,
+          positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None) -> list[dict]:
+    from .e2e import environment
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = device == "cpu"
+    names = [n for n in names if not models.MODELS[n].encoder]
+    batches = batches or ((2,) if cpu else GPU_BATCHES)
+    positions = positions or ((8, 40) if cpu else GPU_POSITIONS)
+    cache_len = 64 if cpu else CACHE_LEN
+    env = environment()
+    bw = None if cpu else copy_bandwidth(device)
+    env["copy_gbps"] = bw / 1e9 if bw else None
+    print(f"fusekit bench --phase decode on {env['device']} (torch {env['torch']}): {', '.join(names)}; "
+          f"batches {batches}; positions {positions} of {cache_len}", flush=True)
+    results: list[dict] = []
+    gens: list[dict] = []
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        (out / "decode.json").write_text(json.dumps({"env": env, "steps": results, "generate": gens}, indent=1,
+                                                    default=str))
+        (out / "decode.md").write_text(markdown(results, gens, env))
+
+    for i, name in enumerate(names, 1):
+        for b in batches:
+            print(f"[{i}/{len(names)} {time.time() - t0:5.0f}s] {name} batch {b}", flush=True)
+            results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True)))
+            save()
+    if generate if generate is not None else not cpu:
+        for name in names:
+            print(f"[{time.time() - t0:5.0f}s] generate {name}", flush=True)
+            gb = gen_batch or (2 if cpu else 32)
+            gens.append(generate_bench(name, device, gb, 16 if cpu else 512, 16 if cpu else 256,
+                                       log=lambda s: print(s, flush=True)))
+            save()
+    plot(results, out / "decode.png")
+    print()
+    print(markdown(results, gens, env))
+    print(f"wrote {out / 'decode.md'}, {out / 'decode.json'}, {out / 'decode.png'}")
+    return results

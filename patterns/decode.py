@@ -1,0 +1,204 @@
+"""Decode attention: a few query rows against a KV cache -> ``fusekit::decode_attention``.
+
+Hugging Face decoders with grouped KV heads call ``repeat_kv`` before SDPA, which Inductor runs as a copy of
+the whole cache (every slot, every query head: ``unsqueeze -> expand -> clone -> view``) followed by a fused
+SDPA kernel that reads that copy, masked slots included. The op reads each KV head once for its query group
+and skips every 64-slot block the mask hides (a static cache's empty tail, left padding, a sliding window).
+
+The rules match the SDPA op Inductor's graph holds: the math decomposition (the reference, traced), and
+PyTorch's fused ops (``graph_forms``: cuDNN and memory-efficient on CUDA, flash on CPU), with the repeat
+(GQA/MQA) or without it (MHA, where the gain is the skipped blocks). A bool mask reaches a fused op already
+converted to 0/-inf, so only the math form has a bool-mask rule of its own.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fusion_backend import guards as G
+from fusion_backend.registry import FLOATS, Pattern, rand
+
+aten = torch.ops.aten
+MAX_QUERY = 16  # query rows per sequence the op takes by default (decode, speculative and chunked steps)
+HEAD_DIMS = (64, 128, 256)
+
+
+def repeat_kv(x: Tensor, n: int) -> Tensor:
+    """transformers' repeat_kv: [B, Hkv, S, D] -> [B, Hkv * n, S, D], each KV head n times in a row."""
+    if n == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+@torch.fx.wrap  # a leaf for fx.symbolic_trace: the group size comes from shapes, known only when traced with tensors
+def repeat_for(x: Tensor, q: Tensor) -> Tensor:
+    """x's KV heads repeated to q's query heads."""
+    return repeat_kv(x, q.shape[1] // x.shape[1])
+
+
+def decode_attention_ref(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                         scale: float = 0.125) -> Tensor:
+    with sdpa_kernel(SDPBackend.MATH):  # fully masked rows give 0, as SDPA's fused kernels do
+        return F.scaled_dot_product_attention(q, repeat_for(k, q), repeat_for(v, q), attn_mask=mask, scale=scale)
+
+
+def decode_attention_eager(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                           scale: float = 0.125) -> Tensor:
+    """Same-dtype eager attention (scores and probabilities rounded to q's dtype): bounds the kernel's error."""
+    n = q.shape[1] // k.shape[1]
+    s = torch.matmul(q, repeat_kv(k, n).transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s + (torch.zeros_like(mask, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+                 if mask.dtype == torch.bool else mask.to(q.dtype))
+    p = torch.softmax(s.float(), dim=-1).nan_to_num(0.0)
+    return torch.matmul(p.to(q.dtype), repeat_kv(v, n))
+
+
+def _fused(op: str, masked: bool):
+    """A fused SDPA op as the composite calls it (defaults dropped by the dispatcher, as in a traced graph)."""
+    def cudnn(q, k, v, mask, scale):
+        return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, False, scale=scale)[0]
+
+    def efficient(q, k, v, mask, scale):
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, False, scale=scale)[0]
+
+    def flash_cpu(q, k, v, mask, scale):
+        if mask is None:
+            return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)[0]
+        return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)[0]
+
+    call = {"cudnn": cudnn, "efficient": efficient, "flash_cpu": flash_cpu}[op]
+
+    def form(q, k, v, mask, scale):
+        return call(q, repeat_for(k, q), repeat_for(v, q), mask, scale)
+
+    def form_no_mask(q, k, v, scale):
+        return call(q, repeat_for(k, q), repeat_for(v, q), None, scale)
+
+    f = form if masked else form_no_mask
+    f.__name__ = f"{op}_{'mask' if masked else 'no_mask'}"
+    return f
+
+
+def _forms(masked: bool) -> tuple:
+    return tuple(_fused(op, masked) for op in ("cudnn", "efficient", "flash_cpu"))
+
+
+# ---- checks ----------------------------------------------------------------------------------------
+def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
+    """Can fire: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, D in {64, 128, 256}, unit last
+    strides, k and v rows 16-byte aligned; every expand in the match is repeat_kv's [B,Hkv,Hq/Hkv,S,D]; a
+    mask is bool, float32 or q's dtype and broadcasts to [B,Hq,Lq,S]."""
+    def check(s: G.Site) -> str | None:
+        tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
+        if not (tq.dim() == tk.dim() == tv.dim() == 4):
+            return f"{q}, {k}, {v} must be 4-D: {tq.dim()}, {tk.dim()}, {tv.dim()} dims"
+        if not (tq.dtype == tk.dtype == tv.dtype):
+            return f"dtypes differ: {tq.dtype}, {tk.dtype}, {tv.dtype}"
+        b, hq, lq, d = tq.shape
+        _, hkv, sk, _ = tk.shape
+        if not (all(known(x == y) for x, y in zip(tk.shape, tv.shape)) and known(tk.shape[0] == b)
+                and known(tk.shape[3] == d) and known(hkv > 0) and known(hq % hkv == 0)):
+            return (f"shapes are not q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0: {tuple(tq.shape)}, "
+                    f"{tuple(tk.shape)}, {tuple(tv.shape)}")
+        if not any(known(d == x) for x in HEAD_DIMS):
+            return f"head dim {d} is not one of {HEAD_DIMS}"
+        if not (known(lq > 0) and known(sk > 0)):
+            return "empty query or cache"
+        if not all(known(t.stride(-1) == 1) for t in (tq, tk, tv)):
+            return f"last-dim stride is not 1: {tq.stride()}, {tk.stride()}, {tv.stride()}"
+        if not all(known(st % 8 == 0) for t in (tk, tv) for st in (*t.stride()[:3], t.storage_offset())):
+            return f"{k}/{v} rows are not 16-byte aligned: strides {tk.stride()}, {tv.stride()}"
+        for node in s.match.nodes:  # the repeat is transformers' repeat_kv of these k/v, nothing else
+            if node.target is aten.expand.default and getattr(node.args[0], "target", None) is aten.unsqueeze.default:
+                want = (b, hkv, hq // hkv, sk, d)
+                got = tuple(node.meta["val"].shape)
+                if len(got) != 5 or not all(known(x == y) for x, y in zip(got, want)):
+                    return f"an expand to {got} is not repeat_kv's {want}"
+        if mask is not None:
+            m = s.tensor(mask)
+            if m.dtype not in (torch.bool, torch.float32, tq.dtype):
+                return f"{mask} is {m.dtype}; want bool, float32 or {tq.dtype}"
+            full = (b, hq, lq, sk)
+            if m.dim() > 4 or not all(known(x == 1) or known(x == y) for x, y in zip(reversed(m.shape),
+                                                                                     reversed(full))):
+                return f"{mask} {tuple(m.shape)} does not broadcast to [B,Hq,Lq,S] {full}"
+        return None
+
+    return G.Guard(f"cache_inputs({q}, {k}, {v}{', ' + mask if mask else ''})", check)
+
+
+def short_queries(q: str) -> G.Guard:
+    """Should fire: at most MAX_QUERY query rows per sequence. Longer prompts are prefill, where PyTorch's
+    tensor-core attention kernels do more work per byte than this CUDA-core decode kernel."""
+    def check(s: G.Site) -> str | None:
+        lq = s.tensor(q).shape[2]
+        return None if known(lq <= MAX_QUERY) else f"{lq} query rows (> {MAX_QUERY}): prefill, not decode"
+
+    return G.Guard(f"short_queries({q})", check)
+
+
+# ---- test inputs -----------------------------------------------------------------------------------
+# case = (B, Hq, Hkv, Lq, S, D, mask: "float" [B,1,Lq,S] | "bool" [B,1,Lq,S] | "none")
+def _qkv(case, dt, dev):
+    b, hq, hkv, lq, s, d, _ = case
+    q = rand((b, lq, hq, d), dt, dev).transpose(1, 2)  # heads split from [B, L, H*D], as in HF models
+    return q, rand((b, hkv, s, d), dt, dev), rand((b, hkv, s, d), dt, dev)
+
+
+def _keep(case, dev):
+    """A static cache's causal mask (each sequence at its own position), with one sequence left-padded."""
+    b, _, _, lq, s, _, _ = case
+    pos = torch.randint(0, s - lq + 1, (b, 1, 1, 1), device=dev) + torch.arange(lq, device=dev).view(1, 1, lq, 1)
+    keep = torch.arange(s, device=dev).view(1, 1, 1, s) <= pos
+    keep[0, ..., : min(3, s - 1)] = False  # left padding: hidden from every row, each row still sees itself
+    keep[0, ..., -1] |= True
+    return keep
+
+
+def _inputs(case, dt, dev):
+    kind = case[-1]
+    if kind == "none":
+        return _qkv(case, dt, dev)
+    keep = _keep(case, dev)
+    if kind == "bool":
+        return (*_qkv(case, dt, dev), keep)
+    return (*_qkv(case, dt, dev), torch.zeros(keep.shape, dtype=dt, device=dev).masked_fill(~keep, float("-inf")))
+
+
+def _bad(case):  # head dim 48: not one the kernel takes
+    return lambda dt, dev: _inputs((*case[:5], 48, case[6]), dt, dev)
+
+
+def _cases(hq, hkv, kind):
+    return ((2, hq, hkv, 1, 70, 64, kind), (1, hq, hkv, 3, 130, 128, kind), (3, hq, hkv, 1, 9, 64, kind))
+
+
+GQA, MHA = (4, 2), (4, 4)
+# (B, Hq, Hkv, Lq, S, D): awkward cache lengths, one slot, several rows, MQA, every head dim, batch 64
+GPU_CASES = ((1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (3, 4, 4, 16, 129, 256),
+             (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (2, 8, 8, 1, 64, 256))
+
+
+def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pattern:
+    masked = kind != "none"
+    return Pattern(
+        f"decode.{what}", reference=decode_attention_ref, op="decode_attention", inputs=_inputs, dtypes=FLOATS,
+        trace="inductor", trace_case=(2, *heads, 1, 6, 8, kind), cases=_cases(*heads, kind),
+        gpu_cases=tuple((*c, kind) for c in GPU_CASES if (c[1] == c[2]) == (heads[0] == heads[1])),
+        baseline=decode_attention_eager, literals=("scale",), bad_layout=_bad(_cases(*heads, kind)[0]),
+        bad_reason="head dim", graph_forms=_forms(masked) if forms else (),
+        guards=(cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q")), **kw)
+
+
+PATTERNS = [
+    _rule("gqa_bool_mask", GQA, "bool", forms=False),   # math decomposition with a bool mask
+    _rule("gqa", GQA, "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash
+    _rule("gqa_no_mask", GQA, "none", forms=True, static={"mask": None}),
+    _rule("mha_bool_mask", MHA, "bool", forms=False),
+    _rule("mha", MHA, "float", forms=True),
+]
