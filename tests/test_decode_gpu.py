@@ -1,0 +1,123 @@
+"""fusekit::decode_attention on the GPU: masks of every kind at awkward sizes against a float64 reference
+(at most 2x a same-dtype eager attention's error), fully masked rows as PyTorch's fused SDPA gives them, bad
+direct calls, and a compiled decode step of a real-size model against Inductor (skipped without a GPU)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusion_backend import _ext
+from fusion_backend.patterns.decode import decode_attention_eager, decode_attention_ref, repeat_kv
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or _ext.missing_cuda_kernel("decode_attention", torch.device("cuda")) is not None,
+    reason="needs a CUDA GPU and the decode_attention kernel")]
+
+op = torch.ops.fusekit.decode_attention
+
+
+def _qkv(b, hq, hkv, lq, s, d, dt):
+    q = torch.randn(b, lq, hq, d, device="cuda", dtype=dt).transpose(1, 2)
+    return q, torch.randn(b, hkv, s, d, device="cuda", dtype=dt), torch.randn(b, hkv, s, d, device="cuda", dtype=dt)
+
+
+def _mask(kind, b, lq, s, pos):
+    """keep [b, 1, lq, s]: True = attend."""
+    j = torch.arange(s, device="cuda").view(1, 1, 1, s)
+    i = (pos + torch.arange(lq, device="cuda")).view(1, 1, lq, 1)
+    if kind == "causal":     # a static cache at position pos
+        return (j <= i).expand(b, 1, lq, s)
+    if kind == "window":     # Mistral's sliding window of 100
+        return ((j <= i) & (j > i - 100)).expand(b, 1, lq, s)
+    if kind == "padded":     # left padding: sequence r starts at slot 7 * r
+        start = 7 * torch.arange(b, device="cuda").view(b, 1, 1, 1)
+        return (j <= i) & (j >= start)
+    if kind == "one":        # one visible slot per row
+        return (j == i).expand(b, 1, lq, s)
+    if kind == "all":
+        return torch.ones(b, 1, lq, s, dtype=torch.bool, device="cuda")
+    raise ValueError(kind)
+
+
+def _check(q, k, v, mask, scale=0.0883):
+    out = op(q, k, v, mask, scale)
+    ref64 = decode_attention_ref(q.double(), k.double(), v.double(),
+                                 None if mask is None else (mask if mask.dtype == torch.bool else mask.double()), scale)
+    same = decode_attention_eager(q, k, v, mask, scale)
+    err = (out.double() - ref64).abs().max().item()
+    err_eager = (same.double() - ref64).abs().max().item()
+    assert err <= 2 * err_eager + 1e-6, (err, err_eager)
+    assert out.stride() == q.stride()
+    return out
+
+
+SHAPES = [(1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (3, 4, 4, 16, 129, 256),
+          (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (2, 16, 2, 16, 700, 128)]
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", ["causal", "window", "padded", "one", "all", "none"])
+def test_masks_against_float64(shape, kind, dt):
+    b, hq, hkv, lq, s, d = shape
+    q, k, v = _qkv(b, hq, hkv, lq, s, d, dt)
+    for pos in sorted({0, s // 3, max(s - lq, 0)}):  # position 0, the middle, a fully visible cache
+        if pos + lq > s:
+            continue
+        mask = None if kind == "none" else _mask(kind, b, lq, s, pos)
+        _check(q, k, v, mask)
+        if mask is not None:  # the same mask as additive 0/-inf, in q's dtype and in float32
+            for mdt in (dt, torch.float32):
+                _check(q, k, v, torch.zeros(mask.shape, dtype=mdt, device="cuda").masked_fill(~mask, float("-inf")))
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fully_masked_rows_as_fused_sdpa(dt):
+    """A row the mask hides entirely: what PyTorch's own fused SDPA (the replaced op) returns for it."""
+    b, hq, hkv, lq, s, d = 3, 16, 4, 2, 300, 128
+    q, k, v = _qkv(b, hq, hkv, lq, s, d, dt)
+    keep = _mask("causal", b, lq, s, 150).clone()
+    keep[1, :, 0, :] = False
+    bias = torch.zeros(keep.shape, dtype=dt, device="cuda").masked_fill(~keep, float("-inf"))
+    out = op(q, k, v, bias, 0.0883)
+    fused = F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=bias, scale=0.0883)
+    torch.testing.assert_close(out[1, :, 0], fused[1, :, 0], atol=0, rtol=0)
+    assert (out[1, :, 0] == 0).all()
+
+
+def test_bad_direct_calls_raise():
+    q, k, v = _qkv(2, 8, 2, 1, 64, 64, torch.float16)
+    bad = {
+        "float16 or bfloat16": (q.float(), k.float(), v.float(), None),
+        "head dim": (q[..., :48], k[..., :48], v[..., :48], None),
+        "Hq % Hkv": (q[:, :6], *_qkv(2, 4, 4, 1, 64, 64, torch.float16)[1:], None),
+        "aligned": (q, torch.randn(2, 2, 64 * 64 + 1, device="cuda", dtype=torch.float16)[..., 1:].view(2, 2, 64, 64),
+                    v, None),
+        "broadcast": (q, k, v, torch.zeros(2, 1, 1, 63, device="cuda", dtype=torch.float16)),
+        "CUDA": (q.cpu(), k, v, None),
+    }
+    for what, args in bad.items():
+        with pytest.raises(RuntimeError, match="fusekit"):
+            op(*args, 0.125)
+
+
+def test_decode_step_fires_and_matches_inductor():
+    """A Llama-style step (GQA 16/4, head dim 128, bf16) at batch 8, position 1000 of 2048 slots."""
+    from fusion_backend import decode_bench, stats
+    from fusion_backend.backend import backend
+    from fusion_backend.report import Report, no_compile_caches
+
+    st = decode_bench.Step("llama", "cuda", 8, 2048)
+    with torch.no_grad():
+        st.at(1000)
+        eager = st(st.model).float()
+        torch._dynamo.reset()
+        st.at(1000)
+        ind = st(torch.compile(st.model)).float()
+        torch._dynamo.reset()
+        with stats.collect() as records, no_compile_caches():
+            st.at(1000)
+            fk = st(torch.compile(st.model, backend=backend())).float()
+    rep = Report(list(records))
+    assert rep.sites["decode.gqa"] == st.model.config.num_hidden_layers, str(rep)
+    err, err_eager = (fk - ind).abs().max().item(), (eager - ind).abs().max().item()
+    assert err <= 2 * err_eager + 1e-3, (err, err_eager)
