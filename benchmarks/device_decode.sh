@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee "$OUT/gpu.txt"
 [ "${CUTLASS:-0}" = 1 ] && python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
-if ! python3 -c "import fusion_backend" 2>/dev/null; then
+if ! command -v fusekit >/dev/null; then
   START=$(date +%s)
   python3 -m pip install -v --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
   echo "install: $(( $(date +%s) - START )) s" | tee -a "$OUT/gpu.txt"
