@@ -45,6 +45,16 @@ struct Params {
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
 };
 
+// explicit conversions: torch's extension flags disable the implicit half/bfloat16 <-> float ones
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __half*) {
   const __half2* h = reinterpret_cast<const __half2*>(&u);
 #pragma unroll
@@ -71,7 +81,7 @@ __device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
     case kBoolMask:
       return reinterpret_cast<const bool*>(p.mask)[off] ? 0.f : -INFINITY;
     case kSameMask:
-      return static_cast<float>(reinterpret_cast<const T*>(p.mask)[off]) * kLog2e;
+      return to_float(reinterpret_cast<const T*>(p.mask)[off]) * kLog2e;
     case kFloatMask:
       return reinterpret_cast<const float*>(p.mask)[off] * kLog2e;
     default:
@@ -122,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 +
                   (rr % p.lq) * p.qs2 + dsub * 8;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qr[r][e] = r < nr ? static_cast<float>(qp[e]) * p.scale_log2 : 0.f;
+    for (int e = 0; e < 8; ++e) qr[r][e] = r < nr ? to_float(qp[e]) * p.scale_log2 : 0.f;
   }
   __syncthreads();
 
@@ -245,7 +255,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     const int h = kvh * p.group + rr / p.lq, qi = rr % p.lq;
     if (p.splits == 1) {
       const float l = s_l[r];
-      static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = static_cast<T>(l > 0.f ? so[i] / l : 0.f);
+      static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? so[i] / l : 0.f);
     } else {
       const int64_t row = (static_cast<int64_t>(b) * p.hq + h) * p.lq + qi;
       p.part_o[(split * p.rows_total + row) * D + d] = so[i];
@@ -271,7 +281,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
     }
   }
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
-  static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = static_cast<T>(l > 0.f ? acc / l : 0.f);
+  static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? acc / l : 0.f);
 }
 
 bool aligned16(const at::Tensor& t) {
