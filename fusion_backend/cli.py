@@ -29,7 +29,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(f"unknown model/mode {bad}; models: {list(models.MODELS)}, modes: {list(e2e.MODES)}", file=sys.stderr)
         return 2
     if a.phase in ("prefill", "both"):
-        e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq)
+        grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
+        e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq,
+                  grad_modes)
     if a.phase in ("decode", "both"):
         from . import decode_bench
 
@@ -119,6 +121,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--seq", type=int, default=None)
     b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model)")
     b.add_argument("--cpu", action="store_true", help="tiny configurations on CPU even with a GPU")
+    b.add_argument("--grad-mode", default="inference", choices=("inference", "no_grad", "both"),
+                   help="prefill: torch.inference_mode() (serving code's usual mode), no_grad, or both")
     b.add_argument("--phase", default="both", choices=("prefill", "decode", "both"),
                    help="prefill (whole prompts), decode (one step against a StaticCache, and generate), or both")
     b.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (GPU default 1,8,32,64)")

@@ -54,13 +54,25 @@ def _time(fn: Callable[[], Any], cpu: bool, cudagraphs: bool) -> float:
     return do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
+GRAD_MODES = ("inference", "no_grad")
+
+
+def grad_context(grad_mode: str) -> Any:
+    """Serving code runs under inference_mode (Inductor then decomposes some SDPA calls that it sends to a
+    fused kernel under no_grad) or no_grad."""
+    if grad_mode not in GRAD_MODES:
+        raise ValueError(f"grad mode {grad_mode!r}; want one of {GRAD_MODES}")
+    return torch.inference_mode() if grad_mode == "inference" else torch.no_grad()
+
+
 def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype | None = None,
-              batch: int | None = None, seq: int | None = None, log: Callable[[str], None] = print) -> dict:
+              batch: int | None = None, seq: int | None = None, log: Callable[[str], None] = print,
+              grad_mode: str = "inference") -> dict:
     cpu = device == "cpu"
     model, inputs, desc = models.make(name, device, dtype, batch, seq)
     tokens = desc["batch"] * desc["seq"]
-    res: dict[str, Any] = {**desc, "modes": {}}
-    with torch.no_grad():
+    res: dict[str, Any] = {**desc, "grad_mode": grad_mode, "modes": {}}
+    with grad_context(grad_mode):
         ref = models.first_output(model(**inputs)).float()
         for mode in modes:
             if cpu and mode == "fusekit-ro":
@@ -93,7 +105,7 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
                 r["errors"] = len(rep.errors)
                 r["report"] = str(rep)
             res["modes"][mode] = r
-            log(f"  {name:8s} {mode:11s} {ms:9.3f} ms  {r['tokens_per_s']:12,.0f} tok/s  compile {compile_s:6.1f} s"
+            log(f"  {name:8s} {grad_mode:9s} {mode:11s} {ms:9.3f} ms  {r['tokens_per_s']:12,.0f} tok/s  compile {compile_s:6.1f} s"
                 f"  peak {'-' if peak is None else f'{peak:,.0f} MiB':>10s}  rel err {err:.1e}"
                 + (f"  fused {r['sites']}" if "sites" in r else ""))
             del f
@@ -115,15 +127,16 @@ def markdown(results: list[dict], env: dict) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}. Median latency "
              f"({'triton do_bench' if env['cuda'] else 'timed loop'}); compile = first call(s), wall clock; "
              "error = max|out - eager| / max|eager| on logits / last hidden state.", "",
-             "| model | dtype | batch x seq | mode | ms | tokens/s | vs Inductor | vs eager | compile s | peak MiB | rel err | fused sites |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | dtype | batch x seq | grad mode | mode | ms | tokens/s | vs Inductor | vs eager | compile s | peak MiB | rel err | fused sites |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         for mode, r in res["modes"].items():
             vi = f"{r['vs_inductor']:.2f}x" if r.get("vs_inductor") else "-"
             ve = f"{r['vs_eager']:.2f}x" if r.get("vs_eager") else "-"
             peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:,.0f}"
             sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r.get("sites", {}).items()) or "-"
-            lines.append(f"| {res['model']} | {res['dtype']} | {res['batch']}x{res['seq']} | {mode} | {r['ms']:.3f} | "
+            lines.append(f"| {res['model']} | {res['dtype']} | {res['batch']}x{res['seq']} | "
+                         f"{res.get('grad_mode', 'no_grad')} | {mode} | {r['ms']:.3f} | "
                          f"{r['tokens_per_s']:,.0f} | {vi} | {ve} | {r['compile_s']:.1f} | {peak} | "
                          f"{r['max_rel_err_vs_eager']:.1e} | {sites} |")
     return "\n".join(lines) + "\n"
@@ -143,7 +156,8 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
               for r in results]
         ax.bar(xs, ys, w, label=mode)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(results))], [r["model"] for r in results])
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(results))],
+                  [f"{r['model']}\n{r.get('grad_mode', '')}" for r in results])
     ax.set_ylabel("speed vs Inductor (higher is faster)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -159,7 +173,8 @@ def environment() -> dict:
 
 
 def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, device: str | None = None,
-          dtype: torch.dtype | None = None, batch: int | None = None, seq: int | None = None) -> list[dict]:
+          dtype: torch.dtype | None = None, batch: int | None = None, seq: int | None = None,
+          grad_modes: tuple[str, ...] = ("inference",)) -> list[dict]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     env = environment()
     print(f"fusekit bench on {env['device']} (torch {env['torch']}): {', '.join(model_names)} x {', '.join(modes)}",
@@ -167,7 +182,9 @@ def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, dev
     results, t0 = [], time.time()
     for i, name in enumerate(model_names, 1):
         print(f"[{i}/{len(model_names)} {time.time() - t0:5.0f}s] {name}", flush=True)
-        results.append(run_model(name, modes, device, dtype, batch, seq, log=lambda s: print(s, flush=True)))
+        for gm in grad_modes:
+            results.append(run_model(name, modes, device, dtype, batch, seq, log=lambda s: print(s, flush=True),
+                                     grad_mode=gm))
         out.mkdir(parents=True, exist_ok=True)  # write after every model: a long run keeps what it has
         (out / "bench.json").write_text(json.dumps({"env": env, "results": results}, indent=1, default=str))
         (out / "bench.md").write_text(markdown(results, env))

@@ -19,7 +19,8 @@ class ModelSpec:
     dtype: torch.dtype                # GPU dtype
     batch: int                        # GPU defaults (the reference points)
     seq: int
-    encoder: bool                     # takes a padding attention_mask
+    encoder: bool                     # no decode step (takes a padding attention_mask unless vision)
+    vision: bool = False              # takes pixel_values [B, 3, H, W]; seq = patches + 1
 
     def build(self, tiny: bool) -> Any:
         import transformers
@@ -51,6 +52,8 @@ MODELS = {m.name: m for m in [
               dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
                    num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096),
               _TINY_DECODER, torch.bfloat16, 4, 512, False),
+    ModelSpec("vit", "ViT-base/16, 224x224 images", "ViTConfig", "ViTModel", {},
+              dict(_TINY_ENCODER, image_size=32, patch_size=8), torch.float16, 32, 197, True, vision=True),
     ModelSpec("mistral", "Mistral-style, hidden 2048, 8 layers, GQA 16/4, sliding window 1024", "MistralConfig",
               "MistralForCausalLM",
               dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
@@ -71,10 +74,15 @@ def make(name: str, device: str, dtype: torch.dtype | None = None, batch: int | 
     batch = batch or (TINY["batch"] if tiny else spec.batch)
     seq = seq or (TINY["seq"] if tiny else spec.seq)
     model = spec.build(tiny).to(device=device, dtype=dtype).eval()
-    vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed)
-    inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=g).to(device)}
-    if spec.encoder:  # a padded batch: the last sequence is 3/4 long, so the mask is a real one
+    if spec.vision:  # the sequence is the patches plus the class token
+        cfg = model.config
+        seq = (cfg.image_size // cfg.patch_size) ** 2 + 1
+        pixels = torch.randn(batch, cfg.num_channels, cfg.image_size, cfg.image_size, generator=g)
+        inputs = {"pixel_values": pixels.to(device=device, dtype=dtype)}
+    else:
+        inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (batch, seq), generator=g).to(device)}
+    if spec.encoder and not spec.vision:  # a padded batch: the last sequence is 3/4 long, so the mask is a real one
         mask = torch.ones(batch, seq, dtype=torch.long)
         mask[-1, seq * 3 // 4:] = 0
         inputs["attention_mask"] = mask.to(device)
