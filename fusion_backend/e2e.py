@@ -20,7 +20,8 @@ MODES = ("eager", "inductor", "fusekit", "fusekit-ro")
 
 
 def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
-    torch._dynamo.reset()
+    """Each mode compiles its own entry for the model's forward (Dynamo guards on the backend), so the
+    modes can be timed side by side."""
     opts = {"cpu_reference": True} if cpu else None
     if mode == "eager":
         return model
@@ -33,13 +34,16 @@ def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
     raise ValueError(mode)
 
 
-def _time(fn: Callable[[], Any], cpu: bool, cudagraphs: bool) -> float:
+ROUNDS = 5  # timing rounds, the modes interleaved in each: a slow spell of the host hits every mode alike
+
+
+def _time(fn: Callable[[], Any], cpu: bool, cudagraphs: bool, rep_ms: int = 300) -> float:
     """Median ms: triton's do_bench on the GPU (CUDA graphs: marked steps), a timed loop on CPU."""
     if cpu:
-        for _ in range(3):
+        for _ in range(2):
             fn()
         ts = []
-        for _ in range(10):
+        for _ in range(5):
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e3)
@@ -50,8 +54,22 @@ def _time(fn: Callable[[], Any], cpu: bool, cudagraphs: bool) -> float:
         def step() -> Any:
             torch.compiler.cudagraph_mark_step_begin()
             return fn()
-        return do_bench(step, warmup=50, rep=300, return_mode="median")
-    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+        return do_bench(step, warmup=25, rep=rep_ms, return_mode="median")
+    return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
+
+
+def _host_ms(fn: Callable[[], Any], cudagraphs: bool) -> float:
+    """Host time per call: the time for the call to return, the GPU idle at the start. Near the GPU time a
+    row is host-bound (launch overhead); far below it, GPU-bound."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        fn()
+    host = (time.perf_counter() - t0) / 3 * 1e3
+    torch.cuda.synchronize()
+    return host
 
 
 GRAD_MODES = ("inference", "no_grad")
@@ -72,6 +90,8 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
     model, inputs, desc = models.make(name, device, dtype, batch, seq)
     tokens = desc["batch"] * desc["seq"]
     res: dict[str, Any] = {**desc, "grad_mode": grad_mode, "modes": {}}
+    torch._dynamo.reset()
+    compiled: dict[str, Callable[..., Any]] = {}
     with grad_context(grad_mode):
         ref = models.first_output(model(**inputs)).float()
         for mode in modes:
@@ -94,22 +114,34 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
                 if not cpu:
                     torch.cuda.synchronize()
                 compile_s = time.perf_counter() - t0
-            ms = _time(lambda: f(**inputs), cpu, mode == "fusekit-ro")
             peak = torch.cuda.max_memory_allocated() / 2**20 if not cpu else None
             err = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-            r: dict[str, Any] = {"ms": ms, "tokens_per_s": tokens / ms * 1e3, "compile_s": compile_s,
-                                 "peak_mib": peak, "max_rel_err_vs_eager": err}
+            r: dict[str, Any] = {"compile_s": compile_s, "peak_mib": peak, "max_rel_err_vs_eager": err}
             if mode.startswith("fusekit"):
                 rep = Report(list(records))
                 r["sites"] = {k: v for k, v in rep.sites.items() if v}
                 r["errors"] = len(rep.errors)
                 r["report"] = str(rep)
             res["modes"][mode] = r
-            log(f"  {name:8s} {grad_mode:9s} {mode:11s} {ms:9.3f} ms  {r['tokens_per_s']:12,.0f} tok/s  compile {compile_s:6.1f} s"
-                f"  peak {'-' if peak is None else f'{peak:,.0f} MiB':>10s}  rel err {err:.1e}"
+            compiled[mode] = f
+            log(f"  {name:8s} {grad_mode:9s} {mode:11s} compile {compile_s:6.1f} s  peak "
+                f"{'-' if peak is None else f'{peak:,.0f} MiB':>10s}  rel err {err:.1e}"
                 + (f"  fused {r['sites']}" if "sites" in r else ""))
-            del f
-            torch._dynamo.reset()
+        rounds: dict[str, list[float]] = {m: [] for m in compiled}
+        for _ in range(ROUNDS):
+            for mode, f in compiled.items():
+                rounds[mode].append(_time(lambda: f(**inputs), cpu, mode == "fusekit-ro", rep_ms=100))
+        for mode, f in compiled.items():
+            r = res["modes"][mode]
+            ts = sorted(rounds[mode])
+            r.update(ms=statistics.median(ts), ms_min=ts[0], ms_max=ts[-1], rounds_ms=rounds[mode],
+                     host_ms=None if cpu else _host_ms(lambda: f(**inputs), mode == "fusekit-ro"))
+            r["tokens_per_s"] = tokens / r["ms"] * 1e3
+            host = "-" if r["host_ms"] is None else f"{r['host_ms']:.3f}"
+            log(f"  {name:8s} {grad_mode:9s} {mode:11s} {r['ms']:9.3f} ms (min {ts[0]:.3f}, max {ts[-1]:.3f}, "
+                f"{ROUNDS} rounds)  host {host} ms  {r['tokens_per_s']:12,.0f} tok/s")
+    compiled.clear()
+    torch._dynamo.reset()
     base = res["modes"].get("inductor", {}).get("ms")
     for m in res["modes"].values():
         m["vs_inductor"] = base / m["ms"] if base else None
@@ -124,11 +156,14 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
 
 def markdown(results: list[dict], env: dict) -> str:
     lines = [f"# fusekit bench: {env['device']}", "",
-             f"torch {env['torch']}, transformers {env['transformers']}. Median latency "
-             f"({'triton do_bench' if env['cuda'] else 'timed loop'}); compile = first call(s), wall clock; "
+             f"torch {env['torch']}, transformers {env['transformers']}. Latency: the median of {ROUNDS} rounds in "
+             f"which the modes take turns (each round's median from "
+             f"{'triton do_bench' if env['cuda'] else 'a timed loop'}; min-max over the rounds); host ms = the time "
+             "a call takes to return with the GPU idle (near the latency: host-bound); compile = first call(s), "
+             "wall clock; "
              "error = max|out - eager| / max|eager| on logits / last hidden state.", "",
-             "| model | dtype | batch x seq | grad mode | mode | ms | tokens/s | vs Inductor | vs eager | compile s | peak MiB | rel err | fused sites |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | dtype | batch x seq | grad mode | mode | ms | min-max ms | host ms | tokens/s | vs Inductor | vs eager | compile s | peak MiB | rel err | fused sites |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         for mode, r in res["modes"].items():
             vi = f"{r['vs_inductor']:.2f}x" if r.get("vs_inductor") else "-"
@@ -137,6 +172,8 @@ def markdown(results: list[dict], env: dict) -> str:
             sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r.get("sites", {}).items()) or "-"
             lines.append(f"| {res['model']} | {res['dtype']} | {res['batch']}x{res['seq']} | "
                          f"{res.get('grad_mode', 'no_grad')} | {mode} | {r['ms']:.3f} | "
+                         f"{r.get('ms_min', r['ms']):.3f}-{r.get('ms_max', r['ms']):.3f} | "
+                         f"{'-' if r.get('host_ms') is None else format(r['host_ms'], '.3f')} | "
                          f"{r['tokens_per_s']:,.0f} | {vi} | {ve} | {r['compile_s']:.1f} | {peak} | "
                          f"{r['max_rel_err_vs_eager']:.1e} | {sites} |")
     return "\n".join(lines) + "\n"
