@@ -37,7 +37,7 @@ _TINY_ENCODER = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
 
 MODELS = {m.name: m for m in [
     ModelSpec("gpt2", "GPT-2 124M", "GPT2Config", "GPT2LMHeadModel", {},
-              dict(n_layer=2, n_head=1, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0,
+              dict(n_layer=2, n_head=2, n_embd=128, vocab_size=256, n_positions=128, bos_token_id=0,
                    eos_token_id=0), torch.float16, 8, 512, False),
     ModelSpec("llama", "Llama-style, hidden 2048, 8 layers, GQA 16/4", "LlamaConfig", "LlamaForCausalLM",
               dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,

@@ -48,7 +48,7 @@ def test_explain_named_model(capsys):
 
 @pytest.mark.slow
 def test_bench_tiny_cpu_writes_table_json_plot(tmp_path, capsys):
-    assert cli.main(["bench", "--models", "gpt2,bert", "--cpu", "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--phase", "prefill", "--models", "gpt2,bert", "--cpu", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench.json").read_text())
     assert [r["model"] for r in data["results"]] == ["gpt2", "bert"]
     for r in data["results"]:
@@ -56,8 +56,23 @@ def test_bench_tiny_cpu_writes_table_json_plot(tmp_path, capsys):
         fk = r["modes"]["fusekit"]
         assert fk["sites"] and fk["errors"] == 0
         assert fk["max_rel_err_vs_eager"] < 1e-5 and fk["ms"] > 0 and fk["tokens_per_s"] > 0
-    assert "| gpt2 | float32 | 2x32 | fusekit |" in (tmp_path / "bench.md").read_text()
+    assert "| gpt2 | float32 | 2x32 | inference | fusekit |" in (tmp_path / "bench.md").read_text()
     assert (tmp_path / "bench.png").stat().st_size > 1000
+    assert not (tmp_path / "decode.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_decode_tiny_cpu_writes_table_json_plot(tmp_path):
+    assert cli.main(["bench", "--phase", "decode", "--models", "llama,bert", "--cpu", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "decode.json").read_text())
+    assert [r["model"] for r in data["steps"]] == ["llama"]  # an encoder has no decode step
+    step = data["steps"][0]
+    assert step["backends"]["fusekit"]["sites"]["decode.gqa"] == 2  # one per layer
+    assert step["fusekit_vs_inductor_max_abs"] < 1e-4
+    for row in step["positions"].values():
+        assert row["eager"] > 0 and row["inductor"] > 0 and row["fusekit"] > 0 and row["speedup"] > 0
+    assert "| llama | 2 |" in (tmp_path / "decode.md").read_text()
+    assert (tmp_path / "decode.png").stat().st_size > 1000
 
 
 def test_bench_rejects_unknown_model(capsys):
@@ -79,7 +94,7 @@ def test_every_model_builds_tiny():
     for name in models.MODELS:
         m, inputs, desc = models.make(name, "cpu")
         with torch.no_grad():
-            assert models.first_output(m(**inputs)).shape[:2] == (2, 32), name
+            assert models.first_output(m(**inputs)).shape[:2] == (2, desc["seq"]), name
 
 
 def test_examples_benchmark_script_is_the_command():

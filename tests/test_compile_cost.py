@@ -14,10 +14,11 @@ from conftest import CPU  # noqa: E402
 import fusion_backend  # noqa: E402
 from fusion_backend import models  # noqa: E402
 
-# Measured on the tiny bench models (CPU, torch 2.13, fp32/fp16/bf16): at most 3.2 match attempts per graph
-# node (GPT-2 prefill; 12-layer GPT-2: 2.2), where one PatternMatcherPass per rule, every entry offered at
-# every node of its anchor op, made about 220. The bound leaves room for new rules, not for that again.
-MAX_ATTEMPTS_PER_NODE = 5.0
+# Measured on the tiny bench models (CPU, torch 2.13, fp32/fp16/bf16): at most 5.1 match attempts per graph
+# node (GPT-2 prefill in fp16, the decode family included; 4.8 without it; fp32 3.3; 12-layer GPT-2: 2.2),
+# where one PatternMatcherPass per rule, every entry offered at every node of its anchor op, made about 220.
+# The bound leaves room for new rules, not for that again.
+MAX_ATTEMPTS_PER_NODE = 6.0
 
 
 @pytest.mark.slow
