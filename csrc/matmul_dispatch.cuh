@@ -79,36 +79,23 @@ using Cluster1 = Shape<_1, _1, _1>;
 using Cluster2x1 = Shape<_2, _1, _1>;  // two CTAs along M share (multicast) their B tile
 using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 
-// Tile and schedule by shape: N <= 64 (attention-style p @ v, narrow outputs) takes cooperative 128x64
-// tiles (memory-bound there: [96,512,512,64] + bias + GELU runs at 0.022 ms, cuBLAS's bare bmm at 0.020
-// and a read of its inputs at 0.019; no other tile, 2x1 or 4x1 cluster or stream-K was faster when timed
-// as bench_matmul times; session 14's probe sets 5 and 6, and session 15's set 8: the bias loaded once per
-// CTA instead of once per tile, or one 128x64 epilogue step, was no faster); the plain GEMM (no bias, no
-// activation, 16 bits) CUTLASS's LinearCombination kernels (below); long K (>= 512, or >= 1024 for a
-// GELU/SiLU epilogue, which one warpgroup alone hides only under longer MMAs) ping-pong 128x128, and so does
-// a short K without activation or residual; the rest cooperative 128x128 with 128x64 epilogue steps. Without a
-// residual the kernels have no C operand (void C: CUTLASS delays each TMA store to overlap the next step's
-// math, and frees the C buffers); ping-pong then takes 64x128 epilogue steps for GELU/SiLU and for no
-// activation at short K, 64x64 otherwise.
-// From bench_matmul and two probes of CUTLASS configurations on an H200 (benchmarks/NOTES.md), e.g. bmm +
-// bias + GELU at 1024^3: 0.1405 ms with C and 64x64 steps, 0.1380 void C, 0.1346 void C with 64x128 steps;
-// the plain GEMM at K = 64, N = 512: 0.0298 -> 0.0260 ms (cuBLAS 0.0226).
+// Tile and schedule by shape, each choice the fastest CUTLASS configuration measured on an H200 (bench_matmul
+// and the probes in benchmarks/probes/; timings in benchmarks/NOTES.md):
+// - N <= 64 (p @ v, narrow outputs): cooperative 128x64 tiles (memory-bound; no other tile, cluster or
+//   stream-K was faster);
+// - the plain GEMM (no bias, no activation, 16 bits): CUTLASS's LinearCombination kernels (below);
+// - long K (>= 512, >= 1024 for GELU/SiLU, which one warpgroup hides only under longer MMAs): ping-pong
+//   128x128, as is a short K without activation or residual; the rest cooperative 128x128, 128x64 epilogue steps;
+// - no residual: no C operand (void C lets CUTLASS overlap each TMA store with the next step's math); ping-pong
+//   then takes 64x128 epilogue steps for GELU/SiLU and for no activation at short K, 64x64 otherwise.
 template <class Element, class LayoutB, bool kC, class ElementD = Element>
 void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
   const bool light_epilogue = p.act == kNone || p.act == kRelu;  // GELU/SiLU need longer MMAs to hide under
   if (p.N <= 64) return run<Gemm<Element, LayoutB, Tile128x64<Element>, Cluster1, false, EpiAuto, kC, ElementD>>(p, like);
   if constexpr (!kC) {
-    // No activation at short K (bmm, * scale, + bias): ping-pong with 64x128 steps, whose stores overlap the
-    // other warpgroup's tile. [96,512,64,512] plain: 0.0293 -> 0.0258 ms (cuBLAS 0.0222; session 10's probe
-    // set 3 in benchmarks/probes/matmul_configs.cu). With a GELU epilogue the same kernel took 0.0647 ms.
-    // With no bias either, in 16 bits (the plain GEMM): CUTLASS's LinearCombination epilogue, ping-pong with
-    // CUTLASS's epilogue steps, at any K: [96,512,64,512] 0.0265 -> 0.0221 ms (probe set 4, cuBLAS 0.0228);
-    // at K >= 512 (session 15, probe sets 9-11, fp16 / bf16, K-major b as a linear's weight) the Llama linear
-    // 2048x2048->5632 0.0720 -> 0.0713 / 0.0703 -> 0.0688 ms, the GPT-2 one 4096x768->3072 0.0340 -> 0.0327 /
-    // 0.0336 -> 0.0322, 32x1024^3 0.1125 -> 0.1106 / (K-major b) 0.1057 -> 0.1050. From K = 4096 on,
-    // cooperative 128x256 tiles in 2x1 clusters, whose epilogue a long K amortizes: 8x4096^3 1.9080 -> 1.7179 /
-    // 1.7397 -> 1.6531 (cuBLAS 1.7650 / 1.6710); at K = 1024-2048 they trail the ping-pong kernel (0.1150 and
-    // 0.0725 ms there).
+    // The plain 16-bit GEMM: ping-pong with CUTLASS's epilogue steps; from K = 4096 on, cooperative 128x256 tiles
+    // in 2x1 clusters, whose epilogue a long K amortizes (both below cuBLAS's time where both were timed).
+    // No activation at short K: ping-pong with 64x128 steps, whose stores overlap the other warpgroup's tile.
     if constexpr (std::is_same_v<ElementD, Element> && sizeof(Element) == 2) {
       if (p.act == kNone && p.bias == nullptr) {
         if (p.K >= 4096)

@@ -258,9 +258,7 @@ __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T
   for (int k = 0; k < kRowVecs; ++k) held[k].load(xr, threadIdx.x + k * kTH);
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) absmax_update(held[k], amax, has_nan);
-  // The scale step repeats rowquant_kernel's on purpose: one shared __forceinline__ helper (returning s, r,
-  // rlo, rhi, fast) left this kernel's speed as it was but rescheduled the general one, whose bf16 rows of
-  // 4096 then took 0.0240 ms instead of 0.0223-0.0228 at 20M (H200 probe, session 11's review).
+  // The scale step repeats rowquant_kernel's on purpose: a shared helper slowed the general kernel (NOTES).
   const bool any_nan = __syncthreads_or(has_nan);
   amax = block_max(amax);
   if (any_nan) amax = __int_as_float(0x7fffffff);

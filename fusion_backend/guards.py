@@ -251,8 +251,7 @@ def tf32_allowed(a: str, b: str, linear: bool = False) -> Guard:
     which full-fp32 matmuls do not; on CPU, where the op is the fp32 reference, the rule keeps the same
     condition so that a graph fuses alike on both). On CUDA b must also be K-major (a linear weight [N, K],
     k.transpose(-1, -2)): TF32 wgmma reads K-major operands only, and the op's copy of an N-major b measured
-    slower than Inductor at 1024^3 (0.64x) and [96,512,512,64] (0.79x) on an H200 (session 12's first run;
-    benchmarks/NOTES.md)."""
+    slower than Inductor (H200: 0.64x at 1024^3; benchmarks/NOTES.md)."""
     def check(s: Site) -> str | None:
         t = s.tensor(a)
         if t.dtype != torch.float32:

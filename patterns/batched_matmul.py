@@ -152,14 +152,9 @@ def _pre_static(form: str, scale: bool) -> dict:
     return {"act": "none", "linear": form == "linear", **({} if scale else {"scale": None})}
 
 
-# Measured selection (benchmarks/results/h200_matmul.md): GELU(erf) and SiLU epilogues measured 0.96-0.98x
-# at K = 768, so their rules carry a K-window guard (guards.matmul_heavy_epilogue_k). Linear + bias +
-# residual measured 1.28-1.33x alone, but in BERT it takes the residual add away from Inductor's
-# bias + residual + LayerNorm kernel (no traffic saved) at N = 768, where this GEMM is slower than cuBLAS:
-# BERT fp16 0.93x end to end, so it is off by default. GELU's tanh form measured 1.08-1.10x alone at
-# K = 768 (bench_matmul), but in GPT-2 (8x512 fp16, session 8 profile) the fused c_fc took 0.0448 ms against
-# cuBLAS's addmm 0.0313 ms plus Inductor's gelu_new pass, and the model ran 0.99x: it takes the K window
-# too, and GPT-2 keeps the elementwise gelu_tanh rule. Everything else measured 1.01x or faster.
+# Heavy activations fire only inside a K window (at K = 768 they lost to cuBLAS + Inductor's epilogue), and
+# linear + bias + residual is off by default (it takes the residual from Inductor's LayerNorm kernel; BERT
+# 0.93x end to end). Measurements: benchmarks/results/h200_matmul.md and benchmarks/NOTES.md.
 HEAVY_ACTS = ("gelu", "gelu_tanh", "silu")
 CUDA_DEFAULT = {"linear_bias_residual": False, "linear_bias_residual_2d": False}
 

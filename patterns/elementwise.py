@@ -14,12 +14,7 @@ from fusion_backend import guards as G
 from fusion_backend.registry import Pattern, rand
 
 
-# Measured size threshold (registry.Pattern.cuda_min_numel): bench_patterns' CUDA-graph timings on an H200
-# (results/h200.md, session 8): at 98K elements these kernels took 1.7-1.8 us against Inductor's 1.4 us,
-# and 1.4-1.5 us (0.99-1.08x: a tie at best) after fusekit.h's small launches; at its "1M" size (999,424
-# elements) 0.76-0.88x Inductor's time in both runs. Rounded down to 990,000. gelu_tanh: 0.73-0.86x at 98K
-# in session 8, but 1.00x (fp16) / 0.98x (bf16) in session 9's run (3 interleaved rounds), 0.77-0.87x from
-# 1M on: the same threshold.
+# Below ~1M elements Inductor's kernels measured as fast or faster (H200; history in benchmarks/NOTES.md).
 MIN_NUMEL = 990_000
 
 

@@ -58,13 +58,8 @@ def _int8(case, dt, dev):
     return (torch.randint(-128, 128, tuple(case), device=dev, dtype=torch.int8),)
 
 
-# Measured size thresholds (registry.Pattern.cuda_min_numel), from bench_patterns' CUDA-graph timings on an
-# H200 (results/h200.md, session 8), rows of 4096. Per-channel: 2.05 us against Inductor's 1.4 us at 98K
-# elements, 0.85-0.92x at its "1M" size (999,424). One-pass dynamic quantization in fp16/bf16: slower up to
-# 1M (3.8-4.0 us against 2.75-2.95 us: 244 rows are too few blocks for the per-row kernel), 0.66-0.83x from
-# 5M (4,997,120) on; fp32 1.06-1.08x at 98K, 0.92-0.97x at 1M. Rounded down. Per-row at 1M: fp16 1.09x in
-# session 9's run (all 3 interleaved rounds: 2.29 us against 2.10), bf16 0.90x there but 1.07x in session 8's
-# last run, so per-row fires from 5M.
+# Sizes below which Inductor's kernels measured faster (H200, CUDA graphs; history in benchmarks/NOTES.md):
+# per-channel and fp32 dynamic below ~1M elements, per-row and 16-bit dynamic below ~5M (too few rows to fill the GPU).
 MIN_NUMEL_CHANNEL = 990_000
 MIN_NUMEL_PER_ROW = 4_990_000
 MIN_NUMEL_DYN = {torch.float16: 4_990_000, torch.bfloat16: 4_990_000, torch.float32: 990_000}
