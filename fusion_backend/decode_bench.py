@@ -43,7 +43,7 @@ class Step:
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         with torch.no_grad():
             self(self.model)  # allocates the cache layers
-            for layer in self.cache.layers:  # every slot holds a plausible row; the mask decides what is read
+            for layer in getattr(self.cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
                 for t in (layer.keys, layer.values):
                     t.normal_(0, 0.5)
 
@@ -51,7 +51,7 @@ class Step:
         """Step at `position`: the mask's cache_position, and the write slot of caches that count their own
         length (transformers >= 5.2x: a tensor that each step advances in place, replays of a graph included)."""
         self.pos.fill_(position)
-        for layer in self.cache.layers:
+        for layer in getattr(self.cache, "layers", ()):
             n = getattr(layer, "cumulative_length", None)
             if isinstance(n, torch.Tensor):
                 n.fill_(position)
@@ -64,7 +64,7 @@ class Step:
     def kv_bytes(self, position: int) -> int:
         """Bytes of the KV rows visible at `position` (slots 0..position), every layer."""
         total = 0
-        for layer in self.cache.layers:
+        for layer in getattr(self.cache, "layers", ()):
             k = layer.keys
             slots = min(position + 1, k.shape[2])  # a sliding-window layer holds fewer slots
             total += 2 * k.shape[0] * k.shape[1] * slots * k.shape[3] * k.element_size()
@@ -200,10 +200,13 @@ def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, lo
                                   cache_implementation="static", pad_token_id=0)
         if be == "eager":
             kw["disable_compile"] = True
-        else:
-            backend = "inductor" if be == "inductor" else fusekit_backend(
-                options={"cpu_reference": True} if cpu else None)
-            kw["compile_config"] = CompileConfig(backend=backend, fullgraph=False, dynamic=False)
+        elif be == "inductor":  # CUDA graphs for both on a GPU (transformers' default compile mode)
+            kw["compile_config"] = CompileConfig(backend="inductor", mode=None if cpu else "reduce-overhead",
+                                                 fullgraph=False, dynamic=False)
+        else:  # fusekit takes the mode itself; torch.compile passes a mode only to Inductor
+            backend = fusekit_backend(mode=None if cpu else "reduce-overhead",
+                                      options={"cpu_reference": True} if cpu else None)
+            kw["compile_config"] = CompileConfig(backend=backend, mode=None, fullgraph=False, dynamic=False)
         try:
             with torch.no_grad():
                 t0 = time.perf_counter()
