@@ -83,3 +83,21 @@ def test_greedy_64_tokens_as_inductor(name):
                 st.pos.add_(1)
         toks[be] = torch.cat(out, 1)
     assert torch.equal(toks["fusekit"], toks["inductor"])
+
+
+def test_decode_reads_the_cache_buffers_in_place():
+    """In the code Inductor generates, each decode_attention call reads the cache inputs themselves (the new
+    row written into them in place): no repeat_kv copy and no copy of the cache is left."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    st = decode_bench.Step("llama", "cpu", 2, 64)
+    with torch.no_grad(), no_compile_caches():
+        st.at(10)
+        _, code = run_and_get_code(lambda: st(_fusekit(st.model)))
+    src = "\n".join(code)
+    calls = re.findall(r"fusekit\.decode_attention\.default\((\w+), (\w+), (\w+),", src)
+    assert len(calls) == st.model.config.num_hidden_layers, src
+    inputs = set(re.findall(r"assert_size_stride\((\w+), \(2, 2, 64, 64\)", src))  # the k/v cache inputs
+    assert all(k in inputs and v in inputs for _, k, v in calls), (calls, inputs)
