@@ -88,7 +88,7 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None, flush: str = 
             p.variants[variant[0]] if variant else None
         torch.backends.cuda.matmul.fp32_precision = "tf32" if dt == torch.float32 else prec
         if dt == torch.float32 and not p.static.get("linear") and ".mm_" not in pid and "bT" not in case:
-            case, label = (*case, "bT"), label + " bT"  # TF32 rules take a K-major b (guards.tf32_allowed)
+            case, label = (*case, "bT"), label + " bT"  # TF32 rules take a K-major b (batched_matmul.tf32_allowed)
         args = p.make_args(case, dt, "cuda")
         ind = compiled(p, "inductor", fn)
         ind(*args)

@@ -46,6 +46,45 @@ def attention_eager(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     return torch.matmul(p.to(q.dtype), v)
 
 
+# ---- checks (can fire) ------------------------------------------------------------------------------
+def attention_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
+    """q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,D] with D % 8 == 0 and D <= 256 and unit last-dim stride
+    (what PyTorch's fused SDPA kernels take); a mask is bool or q's dtype and broadcasts to
+    [B,H,Sq,Sk]. Sizes must be provably equal (symbolic sizes too)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    def check(s: G.Site) -> str | None:
+        tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
+        if not (tq.dim() == tk.dim() == tv.dim() == 4):
+            return f"{q}, {k}, {v} must be 4-D [B, H, S, D]: {tq.dim()}, {tk.dim()}, {tv.dim()} dims"
+        if not (tq.dtype == tk.dtype == tv.dtype):
+            return f"dtypes differ: {tq.dtype}, {tk.dtype}, {tv.dtype}"
+        same = [(tq.shape[0], tk.shape[0]), (tq.shape[0], tv.shape[0]), (tq.shape[1], tk.shape[1]),
+                (tq.shape[1], tv.shape[1]), (tk.shape[2], tv.shape[2]), (tq.shape[3], tk.shape[3]),
+                (tq.shape[3], tv.shape[3])]
+        if not all(known(a == b) for a, b in same):
+            return (f"shapes do not line up as [B,H,Sq,D], [B,H,Sk,D], [B,H,Sk,D]: {tuple(tq.shape)}, "
+                    f"{tuple(tk.shape)}, {tuple(tv.shape)}")
+        if not (known(tq.shape[2] > 0) and known(tk.shape[2] > 0)):
+            return "empty query or key sequence"
+        d = tq.shape[3]
+        if not (known(d % 8 == 0) and known(d <= 256) and known(d > 0)):
+            return f"head dim {d} is not a multiple of 8 in [8, 256]"
+        if not all(known(t.stride(-1) == 1) for t in (tq, tk, tv)):
+            return f"last-dim stride is not 1: {tq.stride()}, {tk.stride()}, {tv.stride()}"
+        if mask is not None:
+            m = s.tensor(mask)
+            if m.dtype not in (torch.bool, tq.dtype):
+                return f"{mask} is {m.dtype}; want bool or {tq.dtype}"
+            full = (tq.shape[0], tq.shape[1], tq.shape[2], tk.shape[2])
+            if m.dim() > 4 or not all(known(a == 1) or known(a == b)
+                                      for a, b in zip(reversed(m.shape), reversed(full))):
+                return f"{mask} {tuple(m.shape)} does not broadcast to [B,H,Sq,Sk] {full}"
+        return None
+
+    return G.Guard(f"attention_inputs({q}, {k}, {v}{', ' + mask if mask else ''})", check)
+
+
 # case = (B, H, Sq, Sk, D, mask: "key" [B,1,1,Sk] | "full" [B,1,Sq,Sk], layout: "bhsd" | "bshd")
 def _qkv(case, dt, dev):
     b, h, sq, sk, d, _, layout = case
@@ -92,22 +131,22 @@ PATTERNS = [
         "attention.sdpa_math_bool_mask",  # SDPA + boolean mask (True = attend), decomposed by Inductor
         static={"safe": True}, inputs=_bool_mask,
         bad_layout=lambda dt, dev: (*_bad_stride(dt, dev)[:3], _bool_mask(CASES[0], dt, dev)[3]),
-        guards=(G.attention_inputs("q", "k", "v", "mask"),), **COMMON,
+        guards=(attention_inputs("q", "k", "v", "mask"),), **COMMON,
     ),
     Pattern(
         "attention.sdpa_math",  # SDPA + additive mask decomposed by Inductor (BERT-style encoders)
         static={"safe": True}, inputs=_float_mask, bad_layout=_bad_stride,
-        guards=(G.attention_inputs("q", "k", "v", "mask"),), **COMMON,
+        guards=(attention_inputs("q", "k", "v", "mask"),), **COMMON,
     ),
     Pattern(
         "attention.sdpa_math_no_mask",  # SDPA without a mask (ViT-style), decomposed by Inductor
         static={"safe": True, "mask": None}, inputs=lambda c, dt, dev: _qkv(c, dt, dev),
         bad_layout=lambda dt, dev: _bad_stride(dt, dev)[:3],
-        guards=(G.attention_inputs("q", "k", "v"),), **COMMON,
+        guards=(attention_inputs("q", "k", "v"),), **COMMON,
     ),
     Pattern(
         "attention.softmax_chain",  # softmax(q @ k^T * s + mask) @ v written out (eager attention)
         static={"safe": False}, inputs=_float_mask, bad_layout=_bad_stride,
-        guards=(G.attention_inputs("q", "k", "v", "mask"),), **COMMON,
+        guards=(attention_inputs("q", "k", "v", "mask"),), **COMMON,
     ),
 ]

@@ -8,7 +8,7 @@ gelu_new) are variants of the same rules. Each is traced from what Inductor itse
 (``trace="inductor"``), so the GPU graph's addmm -> mm + add unfusion, the views around a 3-D linear and
 the fp32 upcast of the activation are matched as Inductor emits them.
 
-Dtypes: fp16 and bf16; fp32 only where the graph allows TF32 on CUDA (guards.tf32_allowed; the kernel then
+Dtypes: fp16 and bf16; fp32 only where the graph allows TF32 on CUDA (tf32_allowed below; the kernel then
 runs on TF32 tensor cores, as cuBLAS does). An fp16/bf16 result returned as ``.float()`` becomes the
 kernel's own fp32 store (``out_dtype``): passes.absorb_output_casts takes the cast after a rule's match, and
 a rule's fp32 form without its downcast (``output_casts``) takes the graph that Inductor's pointless_convert
@@ -16,7 +16,9 @@ pass leaves of ``gelu(...).float()``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +71,7 @@ def tf32_baseline(**kw) -> Tensor:
     e.g. [1, 8, 8], whose error then is not TF32's.)"""
     if kw["a"].dtype != torch.float32:
         return matmul_epilogue_ref(**kw)
-    with G.fp32_matmul_precision("ieee"):
+    with fp32_matmul_precision("ieee"):
         return matmul_epilogue_ref(**{**kw, "a": tf32(kw["a"]), "b": tf32(kw["b"])})
 
 
@@ -152,6 +154,134 @@ def _pre_static(form: str, scale: bool) -> dict:
     return {"act": "none", "linear": form == "linear", **({} if scale else {"scale": None})}
 
 
+# ---- checks: what the kernel takes (can fire), and where it measured faster (should fire) -----------
+def matmul_operands(a: str, b: str, bias: str | None = None, residual: str | None = None,
+                    linear: bool = False) -> G.Guard:
+    """What the TMA GEMM of fusekit::matmul_epilogue reads (csrc/matmul_epilogue.cu): a [L, M, K] /
+    [.., M, K] with a unit last stride, b [L, K, N] / [K, N] ([.., N, K] when `linear`) with a unit
+    stride in one of its last two dims (4-D and up: a and b share leading dims that merge into one L),
+    K and N multiples of 8, every other stride and storage offset a
+    multiple of 8 elements (16 bytes), a contiguous bias [N] and a residual shaped like the output with a
+    unit last stride. Sizes and strides must be plain ints here (a symbolic one: no rewrite)."""
+    def ints(*vals: Any) -> bool:
+        return all(isinstance(v, int) for v in vals)
+
+    def aligned(t: Tensor, skip: int) -> bool:  # strides except the unit one (index `skip`), and offset
+        return all(st % 8 == 0 and st > 0 for i, st in enumerate(t.stride()) if i != skip % t.dim()
+                   and t.shape[i] > 1) and t.storage_offset() % 8 == 0
+
+    def merges(t: Tensor) -> bool:  # the dims before the last two are viewable as one (4-D and up)
+        lead = [(n, st) for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n != 1]
+        return all(st == st2 * n2 for (_, st), (n2, st2) in zip(lead, lead[1:]))
+
+    def check(s: G.Site) -> str | None:
+        ta, tb = s.tensor(a), s.tensor(b)
+        if not ints(*ta.shape, *tb.shape, *ta.stride(), *tb.stride(), ta.storage_offset(), tb.storage_offset()):
+            return "symbolic sizes or strides"
+        bt = tb.transpose(-1, -2) if linear else tb
+        if bt.dim() >= 3:
+            if ta.dim() != bt.dim() or tuple(ta.shape[:-2]) != tuple(bt.shape[:-2]):
+                return (f"batched {a} {tuple(ta.shape)} and {b} {tuple(tb.shape)} are not [..., M, K] @ "
+                        f"[..., K, N] with the same leading dims")
+            if not (merges(ta) and merges(bt)):
+                return (f"the leading dims of {a} (strides {ta.stride()}) or {b} (strides {tb.stride()}) are "
+                        f"not viewable as one batch dim")
+        elif bt.dim() != 2 or ta.dim() < 2:
+            return f"{a} {tuple(ta.shape)} @ {b} {tuple(tb.shape)}: want 2-D or 3-D operands"
+        k, n = bt.shape[-2], bt.shape[-1]
+        if k % 8 or n % 8 or k == 0:
+            return f"K={k} and N={n} must be positive multiples of 8 (16-byte rows for TMA)"
+        if ta.stride(-1) != 1 or not aligned(ta, -1):
+            return f"{a} needs a unit last stride and 16-byte strides; strides {ta.stride()}"
+        if ta.dim() > 2 and bt.dim() == 2 and not ta.is_contiguous():
+            return f"{a} {tuple(ta.shape)} with a 2-D weight must be contiguous (rows flattened into M)"
+        unit = -1 if bt.stride(-1) == 1 else -2 if bt.stride(-2) == 1 else None
+        if unit is None or not aligned(bt, unit):
+            return f"{b} needs a unit stride in one of its last two dims and 16-byte strides; strides {tb.stride()}"
+        out = (*ta.shape[:-1], n)
+        if bias is not None:
+            tbias = s.tensor(bias)
+            if tuple(tbias.shape) != (n,) or tbias.stride(0) != 1 or tbias.storage_offset() % 8:
+                return f"{bias} {tuple(tbias.shape)} must be a contiguous [{n}] vector"
+        if residual is not None:
+            r = s.tensor(residual)
+            if not ints(*r.shape, *r.stride(), r.storage_offset()) or tuple(r.shape) != out:
+                return f"{residual} {tuple(r.shape)} must be shaped like the output {out}"
+            if r.stride(-1) != 1 or not aligned(r, -1) or (r.dim() > 2 and bt.dim() == 2 and not r.is_contiguous()):
+                return f"{residual} needs a unit last stride and 16-byte strides; strides {r.stride()}"
+        return None
+
+    return G.Guard(f"matmul_operands({a}, {b}{', ' + bias if bias else ''}{', ' + residual if residual else ''})",
+                 check)
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 CUDA matmuls may use TF32 (torch.set_float32_matmul_precision("high"), the legacy
+    torch.backends.cuda.matmul.allow_tf32 = True, or fp32_precision = "tf32"). Dynamo guards this state:
+    flipping it recompiles, so a compiled graph never keeps TF32 after it is turned off."""
+    m = torch.backends.cuda.matmul
+    prec = getattr(m, "fp32_precision", None)  # every setter updates it (torch >= 2.9)
+    return prec == "tf32" if prec is not None else bool(m.allow_tf32)
+
+
+@contextlib.contextmanager
+def fp32_matmul_precision(prec: str) -> Iterator[None]:
+    """torch.backends.cuda.matmul.fp32_precision set to `prec` ("tf32" or "ieee") inside the block."""
+    m = torch.backends.cuda.matmul
+    old, m.fp32_precision = m.fp32_precision, prec
+    try:
+        yield
+    finally:
+        m.fp32_precision = old
+
+
+def tf32_allowed(a: str, b: str, linear: bool = False) -> G.Guard:
+    """An fp32 matmul rule fires only where TF32 is allowed (on CUDA its kernel runs on TF32 tensor cores,
+    which full-fp32 matmuls do not; on CPU, where the op is the fp32 reference, the rule keeps the same
+    condition so that a graph fuses alike on both). On CUDA b must also be K-major (a linear weight [N, K],
+    k.transpose(-1, -2)): TF32 wgmma reads K-major operands only, and the op's copy of an N-major b measured
+    slower than Inductor (H200: 0.64x at 1024^3; benchmarks/NOTES.md)."""
+    def check(s: G.Site) -> str | None:
+        t = s.tensor(a)
+        if t.dtype != torch.float32:
+            return None
+        if not tf32_enabled():
+            return ("float32 without TF32 (torch.backends.cuda.matmul.fp32_precision is not 'tf32'): the GEMM "
+                    "would lose precision; the fp32 matmul stays with Inductor")
+        tb = s.tensor(b)
+        k_dim = -1 if linear else -2  # b's K dim: [.., N, K] weight, or [.., K, N]
+        if t.device.type == "cuda" and tb.stride(k_dim) != 1 and tb.shape[k_dim] != 1:
+            return f"float32 (TF32) needs a K-major {b} (unit stride along K); strides {tb.stride()}"
+        return None
+
+    return G.Guard(f"tf32_allowed({a}, {b})", check)
+
+
+def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024,
+                            top: int = 4096) -> G.Guard:
+    """Measured selection for GELU (erf and tanh)/SiLU epilogues (benchmarks/results/h200_matmul.md): with
+    low < K < high and N > 64 the epilogue's transcendental math neither hides under the GEMM (cooperative
+    schedule) nor costs less than Inductor's separate pointwise kernel: 0.96-0.98x at K = 768 (erf), 0.99x
+    for GPT-2 end to end (tanh: 1.08x alone, but no faster than cuBLAS's addmm + gelu_new in the model). From K = top
+    on, the GEMM's main loop trails cuBLAS's by about what the fused epilogue saves: 8x4096^3 measured
+    0.94-0.97x in one run, 1.02-1.04x in another. Short K (1.2-1.8x), N <= 64 (1.18-1.25x) and
+    high <= K < top (ping-pong; 1.09-1.34x at K = 1024-2048) fire."""
+    def check(s: G.Site) -> str | None:
+        tb = s.tensor(b)
+        k, n = (tb.shape[-1], tb.shape[-2]) if linear else (tb.shape[-2], tb.shape[-1])
+        if not (isinstance(k, int) and isinstance(n, int)) or n <= 64:
+            return None
+        if low < k < high:
+            where = f"in ({low}, {high})"
+        elif k >= top:
+            where = f">= {top}"
+        else:
+            return None
+        return f"K={k} {where} with N={n} > 64: this epilogue measured slower than Inductor there"
+
+    return G.Guard(f"matmul_heavy_epilogue_k({b})", check)
+
+
 # Heavy activations fire only inside a K window (at K = 768 they lost to cuBLAS + Inductor's epilogue), and
 # linear + bias + residual is off by default (it takes the residual from Inductor's LayerNorm kernel; BERT
 # 0.93x end to end). Measurements: benchmarks/results/h200_matmul.md and benchmarks/NOTES.md.
@@ -193,10 +323,10 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
         expand_optional=form == "batched" and rank == 3,  # a direct torch.bmm
         inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
         gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
-        guards=(G.same_dtype(*names), G.tf32_allowed("a", "b", form == "linear"),
-                G.matmul_operands("a", "b", "bias" if bias else None, "residual" if residual else None,
+        guards=(G.same_dtype(*names), tf32_allowed("a", "b", form == "linear"),
+                matmul_operands("a", "b", "bias" if bias else None, "residual" if residual else None,
                                   form == "linear"),
-                *([G.matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
+                *([matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
         bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
     )
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import fusion_backend
-from fusion_backend import guards, registry
+from fusion_backend import registry
+from fusion_backend.patterns import batched_matmul as BM
 
 CPU = {"cpu_reference": True}
 HAS_GPU = torch.cuda.is_available()
@@ -39,11 +40,11 @@ def _seed():
 
 @pytest.fixture(autouse=True)
 def _tf32_for_fp32_matmul_rules(request):
-    """fp32 matmul rules fire only where TF32 is allowed (guards.tf32_allowed): their tests run there."""
+    """fp32 matmul rules fire only where TF32 is allowed (batched_matmul.tf32_allowed): their tests run there."""
     spec = getattr(request.node, "callspec", None)
     p, dt = (spec.params.get("p"), spec.params.get("dtype")) if spec else (None, None)
     if getattr(p, "op", None) != "matmul_epilogue" or dt != torch.float32:
         yield
         return
-    with guards.fp32_matmul_precision("tf32"):
+    with BM.fp32_matmul_precision("tf32"):
         yield

@@ -6,7 +6,8 @@ the fused result is at most 2x as far from a float64 reference as eager in the s
 import pytest
 import torch
 
-from fusion_backend import _ext, guards, ops, registry
+from fusion_backend import _ext, ops, registry
+from fusion_backend.patterns import batched_matmul as BM
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -282,7 +283,7 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     by_default = p.on_by_default(dtype) and args[0].numel() >= p.min_numel(dtype)  # small cases: name it
     rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
     if p.op == "matmul_epilogue" and dtype == torch.float32 and not p.static["linear"] \
-            and args[1].stride(-2) != 1:  # TF32 takes a K-major b only (guards.tf32_allowed)
+            and args[1].stride(-2) != 1:  # TF32 takes a K-major b only (batched_matmul.tf32_allowed)
         assert rep.sites[p.id] == 0 and any("K-major" in m.reason for m in rep.near_misses), str(rep)
         torch.testing.assert_close(rep.output, p.eager(*args), atol=1e-2, rtol=1e-2)  # two TF32 GEMMs
         return
@@ -511,7 +512,7 @@ def test_matmul_output_cast_and_tf32():
         close(rep.output, [*args[:3], None], {"scale": s, "out_dtype": torch.float32}, dtype)
     args = p.make_args((8, 256, 64, 512, "bT"), torch.float32, "cuda")  # TF32: a K-major b
     for prec, fires in (("ieee", 0), ("tf32", 1)):
-        with guards.fp32_matmul_precision(prec):
+        with BM.fp32_matmul_precision(prec):
             rep = fusion_backend.explain(p.search_fn(), *args)
             assert rep.sites[p.id] == fires, str(rep)
             assert fires or any("TF32" in x.reason for x in rep.near_misses if x.pattern == p.id), str(rep)

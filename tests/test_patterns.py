@@ -8,7 +8,8 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.pattern_matcher import fwd_only
 
 from conftest import assert_same, explain, pattern_params
-from fusion_backend import guards, registry, stats, tracing
+from fusion_backend import registry, stats, tracing
+from fusion_backend.patterns import batched_matmul as BM
 from fusion_backend.report import _fresh_compile
 
 
@@ -247,7 +248,7 @@ def test_matmul_output_cast_stored_by_the_kernel():
         tol = {} if absorbed else {"atol": atol, "rtol": rtol}
         torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1), **tol)
     args = p.make_args(p.cases[-1], torch.float32, "cpu")
-    with guards.fp32_matmul_precision("tf32"):  # (fp32 rules fire only where TF32 is allowed)
+    with BM.fp32_matmul_precision("tf32"):  # (fp32 rules fire only where TF32 is allowed)
         rep = explain(lambda *t: p.eager(*t).float(), *args)
     assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
 
@@ -265,16 +266,16 @@ def test_tf32_guard():
                                     ("ieee", torch.float32, "cpu", nmajor, False),
                                     ("tf32", torch.float32, "cpu", nmajor, True)):
         x = NS(dtype=dtype, device=torch.device(dev))
-        with guards.fp32_matmul_precision(prec):
-            reason = guards.tf32_allowed("a", "b").check(NS(tensor=lambda name: x if name == "a" else b))
+        with BM.fp32_matmul_precision(prec):
+            reason = BM.tf32_allowed("a", "b").check(NS(tensor=lambda name: x if name == "a" else b))
         assert (reason is None) == ok, (prec, dtype, dev, b.stride(), reason)
         assert ok or ("TF32" in reason and (prec == "ieee" or "K-major" in reason))
     w = torch.empty(24, 16)  # a linear weight [N, K] is K-major when contiguous
     site = NS(tensor=lambda name: NS(dtype=torch.float32, device=torch.device("cuda")) if name == "a" else w)
-    with guards.fp32_matmul_precision("tf32"):
-        assert guards.tf32_allowed("a", "b", linear=True).check(site) is None
+    with BM.fp32_matmul_precision("tf32"):
+        assert BM.tf32_allowed("a", "b", linear=True).check(site) is None
         w = torch.empty(16, 24).t()
-        assert "K-major" in guards.tf32_allowed("a", "b", linear=True).check(site)
+        assert "K-major" in BM.tf32_allowed("a", "b", linear=True).check(site)
 
 
 @pytest.mark.parametrize("p", [p for p in registry.all_patterns() if p.op == "matmul_epilogue"
