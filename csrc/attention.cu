@@ -93,12 +93,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(m.device() == q.device(), "fusekit: attention: mask on another device: ", describe(m));
     TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type(),
                 "fusekit: attention: mask must be bool or q's dtype; got ", describe(m));
-    const int64_t full[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
-    bool ok = m.dim() <= 4;
-    for (int64_t i = 1; ok && i <= m.dim(); ++i) {
-      ok = m.size(-i) == 1 || m.size(-i) == full[4 - i];
-    }
-    TORCH_CHECK(ok, "fusekit: attention: mask ", describe(m), " does not broadcast to [B,H,Sq,Sk]");
+    TORCH_CHECK(broadcasts_to(m, {q.size(0), q.size(1), q.size(2), k.size(2)}), "fusekit: attention: mask ", describe(m),
+                " does not broadcast to [B,H,Sq,Sk]");
   }
 }
 

@@ -89,6 +89,17 @@ __device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
   }
 }
 
+// UNROLL key rows' 16-byte slices, issued back to back (key = first + u * step; past the cache: zeros).
+template <int UNROLL, typename T>
+__device__ __forceinline__ void load_rows(uint4 (&out)[UNROLL], const T* base, int64_t row_stride, int first,
+                                          int step, int s) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int key = first + u * step;
+    out[u] = key < s ? __ldg(reinterpret_cast<const uint4*>(base + key * row_stride)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <int LPK>
 __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes that share one key row
 #pragma unroll
@@ -156,11 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
 #pragma unroll
     for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
       uint4 kv[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int key = k0 + (st0 + u) * KPS + warp * KPW + kslot;
-        kv[u] = key < p.s ? __ldg(reinterpret_cast<const uint4*>(kbase + key * p.ks2)) : make_uint4(0, 0, 0, 0);
-      }
+      load_rows(kv, kbase, p.ks2, k0 + st0 * KPS + warp * KPW + kslot, KPS, p.s);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const int j = (st0 + u) * KPS + warp * KPW + kslot;
@@ -214,11 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
 #pragma unroll
     for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
       uint4 vv[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int key = k0 + (st0 + u) * KPS + warp * KPW + kslot;
-        vv[u] = key < p.s ? __ldg(reinterpret_cast<const uint4*>(vbase + key * p.vs2)) : make_uint4(0, 0, 0, 0);
-      }
+      load_rows(vv, vbase, p.vs2, k0 + st0 * KPS + warp * KPW + kslot, KPS, p.s);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const int j = blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot;
@@ -325,10 +328,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type() ||
                     m.scalar_type() == at::kFloat,
                 "fusekit: decode_attention: mask must be bool, float32 or q's dtype; got ", describe(m));
-    const int64_t full[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
-    bool ok = m.dim() <= 4;
-    for (int64_t i = 1; ok && i <= m.dim(); ++i) ok = m.size(-i) == 1 || m.size(-i) == full[4 - i];
-    TORCH_CHECK(ok, "fusekit: decode_attention: mask ", describe(m), " does not broadcast to [B,Hq,Lq,S]");
+    TORCH_CHECK(broadcasts_to(m, {q.size(0), q.size(1), q.size(2), k.size(2)}), "fusekit: decode_attention: mask ", describe(m),
+                " does not broadcast to [B,Hq,Lq,S]");
   }
 }
 

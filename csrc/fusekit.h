@@ -19,6 +19,7 @@
 
 #include "fast_math.cuh"  // SFU activations, division by a reused divisor (torch-free)
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,6 +45,15 @@ inline std::string describe(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "] " + c10::toString(t.scalar_type()) + " " + t.device().str();
+}
+
+// Whether `m` broadcasts to the 4-D shape `full` (at most 4 dims, each 1 or equal to full's, right-aligned).
+inline bool broadcasts_to(const at::Tensor& m, const std::array<int64_t, 4>& full) {
+  if (m.dim() > 4) return false;
+  for (int64_t i = 1; i <= m.dim(); ++i) {
+    if (m.size(-i) != 1 && m.size(-i) != full[4 - i]) return false;
+  }
+  return true;
 }
 
 // x [..., N] and a bias [N] of x's dtype and device, both contiguous (the bias-epilogue ops).

@@ -308,14 +308,11 @@ def test_graph_forms_match(p, form):
     """Spellings that only exist in another device's graphs (SDPA's fused CUDA ops): their traced post-grad
     graph is matched by one of the rule's search forms at its output."""
     args = p.make_args(p.trace_case, p.dtypes[0], "cpu")
-    gm = tracing.post_grad_graph(form, [a for a in args if isinstance(a, torch.Tensor)]) \
-        if all(isinstance(a, torch.Tensor) for a in args) else None
-    if gm is None:  # scalars: bind them as the search function does
-        names = [n for n, k in p.params if k == "tensor"]
-        bound = dict(zip(p.arg_names, args))
-        gm = tracing.post_grad_graph(registry._with_signature(
-            lambda *t: form(*[(bound | dict(zip(names, t)))[n] for n in p.arg_names]), names),
-            [bound[n] for n in names])
+    names = [n for n, k in p.params if k == "tensor"]  # scalars bound as the search function binds them
+    bound = dict(zip(p.arg_names, args))
+    gm = tracing.post_grad_graph(registry._with_signature(
+        lambda *t: form(*[(bound | dict(zip(names, t)))[n] for n in p.arg_names]), names),
+        [bound[n] for n in names])
     root = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     forms = tracing.search_forms(p, p.dtypes[0], "cpu")
     assert any(isinstance(f.expr.match(root), pm.Match) for f in forms), gm.graph
