@@ -2,10 +2,13 @@
 # One call on the lent GPU for the decode issue: install (builds the kernels), the decode kernel's GPU tests
 # under compute-sanitizer memcheck and plain, then `fusekit bench --phase decode`. Logs under $OUT.
 # Env: MODELS (default llama), BATCHES, POSITIONS, GEN (1: also generate), TESTS (0: skip), SAN (1: memcheck),
-# KTESTS (extra pytest args for tests/test_kernels_gpu.py -k), CUTLASS (1: carry .whl for the matmul kernels).
+# DEADLINE (s, the bench stops there), KTESTS (extra pytest args for tests/test_kernels_gpu.py -k), CUTLASS (1: carry .whl for the matmul kernels).
 set -uo pipefail
+T0=$(date +%s)  # the bench gets what is left of DEADLINE (s) after install and tests
 OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} FUSEKIT_CACHE=${FUSEKIT_CACHE:-/tmp/fkc}
+# A kernel/pattern cache an earlier call saved ($OUT/fkc.tgz, carried back as .fkc/) skips the build.
+[ -f .fkc/fkc.tgz ] && mkdir -p "$FUSEKIT_CACHE" && tar xzf .fkc/fkc.tgz -C "$FUSEKIT_CACHE"
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee "$OUT/gpu.txt"
 [ "${CUTLASS:-0}" = 1 ] && python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
 if ! command -v fusekit >/dev/null; then
@@ -13,13 +16,9 @@ if ! command -v fusekit >/dev/null; then
   python3 -m pip install -v --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
   echo "install: $(( $(date +%s) - START )) s" | tee -a "$OUT/gpu.txt"
 fi
+[ -f .fkc/fkc.tgz ] || (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)
 fusekit doctor 2>&1 | grep -E "kernels|decode" | tee -a "$OUT/gpu.txt"
 if [ "${TESTS:-1}" = 1 ]; then
-  if [ "${SAN:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py \
-      -k "masks_against and fp16 and causal" > "$OUT/memcheck.log" 2>&1
-    echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
-  fi
   python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py > "$OUT/pytest_decode.log" 2>&1
   echo "decode GPU tests: $(tail -1 "$OUT/pytest_decode.log")" | tee -a "$OUT/gpu.txt"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_decode.log" | head -20
@@ -28,9 +27,16 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -20
 fi
 if [ -n "${MODELS:-llama}" ]; then
-  timeout ${BENCH_TIMEOUT:-420} fusekit bench --phase decode --models "${MODELS:-llama}" ${BATCHES:+--batches $BATCHES} \
+  timeout $(( ${DEADLINE:-570} - $(date +%s) + T0 )) fusekit bench --phase decode --models "${MODELS:-llama}" ${BATCHES:+--batches $BATCHES} \
     ${POSITIONS:+--positions $POSITIONS} $([ "${GEN:-0}" = 1 ] && echo --generate || echo --no-generate) \
     --out "$OUT/decode" 2>&1 | grep -v -i warn > "$OUT/decode.log"
   grep -E "^\[|^  " "$OUT/decode.log" | tail -40
+fi
+if [ "${TESTS:-1}" = 1 ]; then
+  if [ "${SAN:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py \
+      -k "masks_against and fp16 and causal" > "$OUT/memcheck.log" 2>&1
+    echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
+  fi
 fi
 echo "== summary =="; cat "$OUT/gpu.txt"; [ -f "$OUT/decode/decode.md" ] && grep "^|" "$OUT/decode/decode.md"
