@@ -101,3 +101,22 @@ def test_decode_reads_the_cache_buffers_in_place():
     assert len(calls) == st.model.config.num_hidden_layers, src
     inputs = set(re.findall(r"assert_size_stride\((\w+), \(2, 2, 64, 64\)", src))  # the k/v cache inputs
     assert all(k in inputs and v in inputs for _, k, v in calls), (calls, inputs)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_timed_steps_write_one_slot(name):
+    """The bench times hundreds of steps at one position: each rewinds the write position (a tensor the step
+    advances in place, or the sliding layer's int), so the steps near the cache's end stay inside it."""
+    st = decode_bench.Step(name, "cpu", 2, 64)
+    step = st.repeated(st.model)
+    st.at(60)
+    with torch.no_grad():
+        first = step().clone()
+        for _ in range(10):
+            last = step()
+    if name == "llama":  # (a full sliding window rolls at every step: its logits move on)
+        torch.testing.assert_close(first, last)
+    for layer in st.cache.layers:
+        n = getattr(layer, "cumulative_length", None)
+        assert n is None or int(n) == 61
+        assert getattr(layer, "cumulative_length_int", 61) == 61
