@@ -10,12 +10,19 @@
 // {float16, bfloat16}, D in {64, 128, 256}, unit last-dim stride; k and v 16-byte aligned (every other
 // stride and the offset a multiple of 8 elements). mask: none, bool (True = attend), q's dtype or float32
 // (additive), broadcastable to [B,Hq,Lq,S]. Returns [B,Hq,Lq,D] in q's layout (empty_like(q)). A row the
-// mask hides entirely gives 0, as PyTorch's SDPA kernels do. Accumulates in float32.
+// mask hides entirely (-inf or False everywhere) gives 0, as PyTorch's SDPA kernels do. Accumulates in float32.
+//
+// Hidden keys: False, or an additive value <= -60000 (-inf, and the finite "minus infinity" masks use:
+// float16's min, or finfo.min; transformers builds bf16 masks of -65536). Such a key's weight
+// exp(score + mask - row max) underflows to exactly 0 in float32 once the row has a key above -60000, unless
+// scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
+// additive mask says (hidden_rows below).
 //
 // One CTA (4 warps) per (sequence, KV head, split of the cache, up to 8 rows of its query group). Per
 // 64-key block it reads the mask first and skips the block's K and V when every row's mask hides every
 // key; each visible key row is read once (16 bytes per lane) for all the rows of the group. With more
 // than one split, partial (max, sum, output) go to a float32 workspace and a second kernel combines them.
+// Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many CTAs.
 // Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
 #include "fusekit.h"
 
@@ -26,8 +33,9 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kBlockN = 64;     // keys per mask-skip block
-constexpr int kMaxChunk = 1024;  // keys per split at most (the score buffer lives in shared memory)
+constexpr int kMaxChunk = 256;   // keys per split at most (4 blocks; the scores live in shared memory)
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kHiddenLog2 = -60000.f * kLog2e;  // a mask value at or below -60000 (in log2 units) hides
 
 enum MaskKind { kNoMask = 0, kBoolMask = 1, kSameMask = 2, kFloatMask = 3 };
 
@@ -39,6 +47,7 @@ struct Params {
   void* out;
   float* part_o;    // [splits, rows_total, D]
   float2* part_ml;  // [splits, rows_total] (max, sum) in log2 units
+  int* hidden;      // [rows_total] 1: no key above kHiddenLog2 (finite masks only; else null)
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, os0, os1, os2;
   int64_t rows_total;  // B * Hq * Lq
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
@@ -159,11 +168,14 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
       float m = -INFINITY;
       if (r < nr && key < p.s) m = p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3);
       sc[r * p.chunk + blk * kBlockN + j] = m;
-      any |= !(m == -INFINITY);  // a NaN counts as visible: it reaches the output as in the reference
+      any |= !(m <= kHiddenLog2);  // a NaN counts as visible: it reaches the output as in the reference
     }
     const int vis = __syncthreads_or(any);
     if (tid == 0) s_vis[blk] = vis;
-    if (!vis) continue;
+    if (!vis) {  // finite hidden values must not enter this split's softmax without their scores
+      for (int i = tid; i < RT * kBlockN; i += kWarps * 32) sc[(i / kBlockN) * p.chunk + blk * kBlockN + i % kBlockN] = -INFINITY;
+      continue;
+    }
 #pragma unroll
     for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
       uint4 kv[UNROLL];
@@ -256,12 +268,13 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   for (int i = tid; i < nr * D; i += kWarps * 32) {
     const int r = i / D, d = i % D, rr = r0 + r;
     const int h = kvh * p.group + rr / p.lq, qi = rr % p.lq;
+    const int64_t row = (static_cast<int64_t>(b) * p.hq + h) * p.lq + qi;
     if (p.splits == 1) {
       const float l = s_l[r];
       static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? so[i] / l : 0.f);
+      if (p.hidden && d == 0) p.hidden[row] = !(s_m[r] > kHiddenLog2);
     } else {
-      const int64_t row = (static_cast<int64_t>(b) * p.hq + h) * p.lq + qi;
-      p.part_o[(split * p.rows_total + row) * D + d] = so[i];
+      if (s_m[r] != -INFINITY) p.part_o[(split * p.rows_total + row) * D + d] = so[i];  // else never read
       if (d == 0) p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
     }
   }
@@ -278,13 +291,67 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   if (mx != -INFINITY) {
     for (int s = 0; s < p.splits; ++s) {
       const float2 ml = p.part_ml[s * p.rows_total + row];
-      const float w = exp2f(ml.x - mx);  // 0 for a split that saw nothing (max -inf)
+      if (ml.x == -INFINITY) continue;  // a split that saw nothing wrote no partial output
+      const float w = exp2f(ml.x - mx);
       l += ml.y * w;
       acc += p.part_o[(s * p.rows_total + row) * D + d] * w;
     }
   }
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
   static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? acc / l : 0.f);
+  if (p.hidden && d == 0) p.hidden[row] = !(mx > kHiddenLog2);
+}
+
+// A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by
+// exp(score + mask), so this row is computed again over all of them, without skipping (rare: a padded
+// query row). One CTA per row; other rows return at once. A row hidden by -inf everywhere gives 0.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
+  constexpr int E = D / 32;  // elements per lane
+  const int64_t row = blockIdx.x;
+  if (!p.hidden[row]) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
+  const int64_t kvh = h / (p.hq / p.hkv);
+  const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + h * p.qs1 + qi * p.qs2 + lane * E;
+  const T* kp = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + lane * E;
+  const T* vp = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + lane * E;
+  const int64_t moff = b * p.ms0 + h * p.ms1 + qi * p.ms2;
+  float qr[E], acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) qr[e] = to_float(qp[e]) * p.scale_log2, acc[e] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  for (int j = warp; j < p.s; j += kWarps) {  // online softmax over this warp's keys
+    float sc = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) sc = fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc);
+    sc = sum_key_lanes<32>(sc) + mask_at<T>(p, moff + j * p.ms3);
+    if (sc == -INFINITY) continue;
+    const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
+    l = l * c + w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + w * to_float(vp[j * p.vs2 + e]);
+    m = mn;
+  }
+  __shared__ float s_m[kWarps], s_l[kWarps], s_acc[kWarps][D];
+  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
+#pragma unroll
+  for (int e = 0; e < E; ++e) s_acc[warp][lane * E + e] = acc[e];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
+  for (int d = threadIdx.x; d < D; d += kWarps * 32) {
+    float num = 0.f, den = 0.f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        if (s_m[w] == -INFINITY) continue;
+        const float c = exp2f(s_m[w] - mx);
+        num += s_acc[w][d] * c;
+        den += s_l[w] * c;
+      }
+    }
+    static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(den > 0.f ? num / den : 0.f);
+  }
 }
 
 bool aligned16(const at::Tensor& t) {
@@ -343,6 +410,10 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
     combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  if (p.hidden) {
+    hidden_rows<T, D><<<p.rows_total, kWarps * 32, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 template <typename T, int D>
@@ -365,7 +436,8 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
 
-  // Splits: enough CTAs for ~8 per SM, at most kMaxChunk keys each, whole 64-key blocks.
+  // Splits: enough CTAs for ~8 per SM, at most kMaxChunk keys each (so that the CTAs a short visible prefix
+  // keeps busy still fill the GPU; the others only read their mask), whole 64-key blocks.
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
   const int64_t target = 8 * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
@@ -398,7 +470,11 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   p.s = static_cast<int>(S), p.group = group, p.rows = rows, p.zchunks = zchunks;
   p.chunk = chunk_blocks * kBlockN, p.splits = splits;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  at::Tensor part_o, part_ml;
+  at::Tensor part_o, part_ml, hidden;
+  if (p.mask_kind == kSameMask || p.mask_kind == kFloatMask) {  // finite values can hide a whole row
+    hidden = at::empty({p.rows_total}, q.options().dtype(at::kInt));
+    p.hidden = hidden.data_ptr<int>();
+  }
   if (splits > 1) {
     part_o = at::empty({splits, p.rows_total, d}, q.options().dtype(at::kFloat));
     part_ml = at::empty({splits, p.rows_total, 2}, q.options().dtype(at::kFloat));

@@ -54,6 +54,12 @@ SHAPES = [(1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 
           (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (2, 16, 2, 16, 700, 128)]
 
 
+# additive masks as users and transformers build them: -inf, float16's min (transformers' bf16 masks hold it
+# rounded, -65536), float32's min
+HIDE = [(None, float("-inf")), (torch.float32, float("-inf")), (None, torch.finfo(torch.float16).min),
+        (torch.float32, torch.finfo(torch.float32).min)]
+
+
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind", ["causal", "window", "padded", "one", "all", "none"])
@@ -65,9 +71,9 @@ def test_masks_against_float64(shape, kind, dt):
             continue
         mask = None if kind == "none" else _mask(kind, b, lq, s, pos)
         _check(q, k, v, mask)
-        if mask is not None:  # the same mask as additive 0/-inf, in q's dtype and in float32
-            for mdt in (dt, torch.float32):
-                _check(q, k, v, torch.zeros(mask.shape, dtype=mdt, device="cuda").masked_fill(~mask, float("-inf")))
+        if mask is not None:  # the same mask as additive 0/-inf or 0/min, in q's dtype and in float32
+            for mdt, hide in HIDE:
+                _check(q, k, v, torch.zeros(mask.shape, dtype=mdt or dt, device="cuda").masked_fill(~mask, hide))
 
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -82,6 +88,22 @@ def test_fully_masked_rows_as_fused_sdpa(dt):
     fused = F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=bias, scale=0.0883)
     torch.testing.assert_close(out[1, :, 0], fused[1, :, 0], atol=0, rtol=0)
     assert (out[1, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("s", [300, 5000])  # one split, many splits
+def test_rows_hidden_by_a_finite_mask_as_the_chain(dt, s):
+    """A row whose every key is hidden by a finite minimum: the replaced chain still weighs every key by
+    exp(score + min), so the output is that weighted mean (recomputed without skipping), not 0."""
+    b, hq, hkv, lq, d = 3, 16, 4, 2, 128
+    q, k, v = _qkv(b, hq, hkv, lq, s, d, dt)
+    keep = _mask("causal", b, lq, s, 150).clone()
+    keep[1, :, 0, :] = False
+    for hide in (torch.finfo(torch.float16).min, -1e9):
+        mdt = dt if hide > -7e4 else torch.float32
+        bias = torch.zeros(keep.shape, dtype=mdt, device="cuda").masked_fill(~keep, hide)
+        out = _check(q, k, v, bias)
+        assert out[1, :, 0].abs().amax() > 0
 
 
 def test_bad_direct_calls_raise():
