@@ -119,3 +119,26 @@ def test_timed_steps_write_one_slot(name):
     for layer in st.cache.layers:
         n = getattr(layer, "cumulative_length_int", getattr(layer, "cumulative_length", None))
         assert n is None or int(n) == 61
+
+
+def test_mha_should_fire_policy():
+    """Without grouped heads the op fires on CUDA from MHA_MIN_ROWS query rows (GPT-2 lost at batch 1 on an
+    H100); GQA rules and the CPU reference have no such floor."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusion_backend.patterns import decode
+
+    class Site:
+        def __init__(self, t):
+            self.t = t
+
+        def tensor(self, name):
+            return self.t
+
+    guard = decode.enough_rows("q")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        few, many = torch.empty(1, 12, 1, 64, device="cuda"), torch.empty(32, 12, 1, 64, device="cuda")
+    assert "12 query rows" in guard.check(Site(few))
+    assert guard.check(Site(many)) is None and guard.check(Site(torch.empty(1, 12, 1, 64))) is None
+    rules = {p.id: {g.name for g in p.guards} for p in decode.PATTERNS}
+    assert "enough_rows(q)" in rules["decode.mha"] and "enough_rows(q)" not in rules["decode.gqa"]
