@@ -39,6 +39,14 @@ def _build_kernels() -> None:
     spec = importlib.util.spec_from_file_location("_fusekit_ext", ROOT / "fusion_backend" / "_ext.py")
     ext = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
     spec.loader.exec_module(ext)  # (the package itself cannot be imported before it is installed)
+    if (sys.platform == "linux" and os.uname().machine == "x86_64" and arch == "9.0a"
+            and not ext.cutlass_include()):
+        # pip builds this package before it installs the dependencies: nvidia-cutlass (declared for Linux
+        # x86-64) is not there yet, and a build without it would be replaced at first use by one with it
+        print("fusekit: the CUTLASS headers are not installed yet (nvidia-cutlass is installed after this "
+              "build): kernels build on first use; `pip install nvidia-cutlass==4.2.0.0` before fusekit builds "
+              "them here", flush=True)
+        return
     try:
         print(f"fusekit: {ext.build(arch, root=ROOT / 'csrc')} (kernels for sm_{arch})", flush=True)
     except Exception as exc:  # noqa: BLE001 - a failed build must not fail the install
