@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from fusion_backend import models, stats, tracing
+from fusion_backend import stats, tracing
+from fusion_backend.tools import models
 from fusion_backend.backend import backend as fusekit_backend
 from fusion_backend.report import Report, no_compile_caches
 

@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
-from fusion_backend import decode_bench
+from fusion_backend.tools import decode_bench
 from fusion_backend.backend import backend
 
 

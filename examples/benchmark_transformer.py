@@ -4,7 +4,7 @@
 """
 import sys
 
-from fusion_backend.cli import main
+from fusion_backend.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from fusion_backend import cli, models, registry  # noqa: E402
+from fusion_backend import registry  # noqa: E402
+from fusion_backend.tools import cli, models  # noqa: E402
 
 
 def test_console_script_is_installed():
@@ -107,7 +108,7 @@ def test_roofline_classifies_ops_with_flops():
     """GEMMs are judged from FLOPs and bytes against the ridge point of the given ceilings."""
     from torch.profiler import ProfilerActivity, profile
 
-    from fusion_backend.profile import _roofline_ops
+    from fusion_backend.tools.profile import _roofline_ops
 
     a, x = torch.randn(256, 256), torch.randn(4096, 4)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import CPU  # noqa: E402
 import fusion_backend  # noqa: E402
-from fusion_backend import models  # noqa: E402
+from fusion_backend.tools import models  # noqa: E402
 
 # Measured on the tiny bench models (CPU, torch 2.13, fp32/fp16/bf16): at most 5.1 match attempts per graph
 # node (GPT-2 prefill in fp16, the decode family included; 4.8 without it; fp32 3.3; 12-layer GPT-2: 2.2),

@@ -4,7 +4,8 @@ steps, and greedy decoding gives Inductor's tokens."""
 import pytest
 import torch
 
-from fusion_backend import decode_bench, stats
+from fusion_backend import stats
+from fusion_backend.tools import decode_bench
 from fusion_backend.backend import backend
 from fusion_backend.report import Report, no_compile_caches
 

@@ -124,7 +124,8 @@ def test_bad_direct_calls_raise():
 
 def test_decode_step_fires_and_matches_inductor():
     """A Llama-style step (GQA 16/4, head dim 128, bf16) at batch 8, position 1000 of 2048 slots."""
-    from fusion_backend import decode_bench, stats
+    from fusion_backend import stats
+    from fusion_backend.tools import decode_bench
     from fusion_backend.backend import backend
     from fusion_backend.report import Report, no_compile_caches
 
@@ -148,7 +149,7 @@ def test_decode_step_fires_and_matches_inductor():
 def test_caches_over_20_steps_under_cuda_graphs():
     """20 steps of a Llama-style model (bf16) with fusekit under CUDA graphs (reduce-overhead) and in
     eager: slots past the last step stay exactly as they were, the written rows agree within bf16 noise."""
-    from fusion_backend import decode_bench
+    from fusion_backend.tools import decode_bench
     from fusion_backend.backend import backend
 
     runs = {}

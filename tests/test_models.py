@@ -7,7 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import CPU  # noqa: E402
 import fusion_backend  # noqa: E402
-from fusion_backend import models  # noqa: E402 - the tiny configurations `fusekit bench` runs on CPU
+from fusion_backend.tools import models  # noqa: E402 - the tiny configurations `fusekit bench` runs on CPU
 
 
 EXPECT = {"gpt2": "elementwise.gelu_tanh", "bert": "elementwise.gelu_erf", "llama": "elementwise.silu_mul"}

@@ -30,10 +30,11 @@ def test_wheel_contains_patterns_and_csrc(tmp_path):
     names = zipfile.ZipFile(next(tmp_path.glob("fusekit-*.whl"))).namelist()
     for f in ("fusion_backend/patterns/__init__.py", "fusion_backend/patterns/elementwise.py",
               "fusion_backend/patterns/quantize.py", "fusion_backend/patterns/batched_matmul.py",
-              "fusion_backend/backend.py"):
+              "fusion_backend/backend.py", "fusion_backend/tools/cli.py", "fusion_backend/tools/decode_bench.py"):
         assert f in names, names
     assert any(n.startswith("fusion_backend/csrc/") and n.endswith(".cu") for n in names), names
     assert not any(n.startswith("patterns/") for n in names), "patterns must not be a top-level package"
     ep = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(next(tmp_path.glob("fusekit-*.whl"))).read(ep).decode()
     assert "[torch_dynamo_backends]" in text and "fusekit = fusion_backend.backend:fusekit" in text
+    assert "fusekit = fusion_backend.tools.cli:main" in text

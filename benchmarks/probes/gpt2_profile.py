@@ -8,7 +8,7 @@ import time, torch, os
 from torch.profiler import profile, ProfilerActivity
 from triton.testing import do_bench
 import fusion_backend
-from fusion_backend import models
+from fusion_backend.tools import models
 from fusion_backend.backend import backend as fk_backend
 model, inputs, _ = models.make("gpt2", "cuda")
 t = time.time(); s = 0

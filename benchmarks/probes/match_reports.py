@@ -3,7 +3,7 @@ fusion_backend is importable: run once with the old package on PYTHONPATH and on
 import json, sys, torch, warnings
 warnings.filterwarnings("ignore")
 import fusion_backend
-from fusion_backend import models
+from fusion_backend.tools import models
 out = {}
 for name in sys.argv[2].split(","):
     model, inputs, _ = models.make(name, "cuda")

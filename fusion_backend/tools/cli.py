@@ -50,7 +50,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 def cmd_explain(a: argparse.Namespace) -> int:
     from . import models
-    from .report import explain
+    from ..report import explain
 
     cuda = torch.cuda.is_available() and not a.cpu
     model, inputs, desc = models.make(a.model, "cuda" if cuda else "cpu", _dtype(a.dtype), a.batch, a.seq)
@@ -62,7 +62,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 
 def doctor_text() -> str:
-    from . import _ext, registry
+    from .. import _ext, registry
 
     lines = [f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: CPU build'})"]
     try:

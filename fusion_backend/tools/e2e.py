@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import torch
 
-from . import models, stats
-from .backend import backend as fusekit_backend
-from .report import Report, no_compile_caches
+from .. import stats
+from . import models
+from ..backend import backend as fusekit_backend
+from ..report import Report, no_compile_caches
 
 MODES = ("eager", "inductor", "fusekit", "fusekit-ro")
 

@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-from . import models, stats
-from .backend import backend as fusekit_backend
-from .report import Report, no_compile_caches
+from .. import stats
+from . import models
+from ..backend import backend as fusekit_backend
+from ..report import Report, no_compile_caches
 
 BACKENDS = ("eager", "inductor", "fusekit")
 GPU_BATCHES = (1, 8, 32, 64)
