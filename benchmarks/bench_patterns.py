@@ -30,6 +30,7 @@ import torch
 import fusion_backend
 from fusion_backend import _ext, registry
 from fusion_backend.report import no_compile_caches
+from fusion_backend.tools.cuda_graphs import capture
 
 SIZES = [100_000, 1_000_000, 5_000_000, 20_000_000, 50_000_000]
 COLS = 4096  # rows of 4096: bias, per-channel and per-token patterns see a realistic hidden size
@@ -52,33 +53,11 @@ def copy_bytes(moved: int) -> int:
     return max(4096, moved // 2 // 4096 * 4096)
 
 
-def graph_of(fn, inner: int):
-    """A CUDA graph of `inner` back-to-back calls of fn (warmed up off the default stream, as
-    torch.cuda.graphs asks), or None, with a note, where fn cannot be captured."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g):
-            for _ in range(inner):
-                fn()
-    except RuntimeError as e:
-        print(f"  (no CUDA graph: {str(e).splitlines()[0][:100]}; timed call by call)", flush=True)
-        return None
-    for _ in range(3):
-        g.replay()
-    return g
-
-
 def hot_timer(fn, inner: int = 20):
     """Per-call GPU time with the inputs in L2 (as after their producer): `inner` back-to-back calls in one
     CUDA graph; the returned function times `reps` replays. Timed call by call instead, a compiled
     function's host overhead (tens of microseconds) would be all that these sizes measure."""
-    g = graph_of(fn, inner)
+    g = capture(fn, inner)
     if g is None:  # call by call: host-bound at these sizes
         return lambda reps: _time_calls(fn, reps * inner // 5)
     return lambda reps: [t / inner for t in _time_calls(g.replay, reps)]
@@ -147,7 +126,7 @@ def timer(fn, hot: bool, graph: bool = True, flush: str = "zero"):
 
     # One call per graph replay: a compiled call's host work (guards, launches: tens of microseconds, more on
     # a busy host) can outlast do_bench's L2 flush and then lands in the timed interval, one launch cannot.
-    g = graph_of(fn, 1) if graph else None
+    g = capture(fn, 1) if graph else None
     run = g.replay if g is not None else fn
     if flush == "clean":
         return lambda share=1.0: clean_flushed(run, warmup=25, rep=max(40, round(200 * share)))

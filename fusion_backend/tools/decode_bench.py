@@ -21,6 +21,7 @@ from .. import stats
 from . import models
 from ..backend import backend as fusekit_backend
 from ..report import Report, no_compile_caches
+from .cuda_graphs import capture
 
 BACKENDS = ("eager", "inductor", "fusekit")
 GPU_BATCHES = (1, 8, 32, 64)
@@ -113,25 +114,6 @@ def copy_bandwidth(device: str) -> float:
     return 2 * x.numel() * 2 / (ms * 1e-3)
 
 
-def _graphed(fn: Callable[[], Any]) -> Callable[[], Any] | None:
-    """fn captured as a CUDA graph (its inputs are static tensors), or None where capture fails."""
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return g.replay
-    except Exception as e:  # noqa: BLE001 - eager HF code may sync on the host: no graph for it
-        print(f"    (no CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:120]})", flush=True)
-        torch.cuda.synchronize()
-        return None
-
-
 def _ms(fn: Callable[[], Any], cpu: bool) -> float:
     if cpu:
         fn()
@@ -184,7 +166,8 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
                 info["report"] = str(rep)
             res["backends"][be] = info
             step = st.repeated(fn)
-            graph = None if cpu else _graphed(step)
+            g = None if cpu else capture(step)
+            graph = g.replay if g is not None else None
             for p in positions:
                 st.at(p)
                 row = res["positions"].setdefault(str(p), {})

@@ -1,0 +1,31 @@
+"""One CUDA-graph capture for the benchmarks (bench --phase decode, benchmarks/bench_patterns.py)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+def capture(fn: Callable[[], Any], inner: int = 1) -> torch.cuda.CUDAGraph | None:
+    """A CUDA graph of `inner` back-to-back calls of fn, warmed up off the default stream as
+    torch.cuda.graphs asks and replayed 3 times, or None, with a note, where fn cannot be captured (eager
+    Hugging Face code that syncs on the host, say)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                fn()
+        for _ in range(3):
+            g.replay()
+        return g
+    except Exception as e:  # noqa: BLE001 - the caller times call by call instead
+        print(f"    (no CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:120]}; timed call by call)",
+              flush=True)
+        torch.cuda.synchronize()
+        return None
