@@ -69,6 +69,8 @@ def test_bench_decode_tiny_cpu_writes_table_json_plot(tmp_path):
     assert [r["model"] for r in data["steps"]] == ["llama"]  # an encoder has no decode step
     step = data["steps"][0]
     assert step["backends"]["fusekit"]["sites"]["decode.gqa"] == 2  # one per layer
+    assert step["compiled_while_timed"] == 0  # the backends' steps live side by side: no recompile is timed
+    assert all(len(row["fusekit_range"]) == 2 for row in step["positions"].values())
     assert step["fusekit_vs_inductor_max_abs"] < 1e-4
     for row in step["positions"].values():
         assert row["eager"] > 0 and row["inductor"] > 0 and row["fusekit"] > 0 and row["speedup"] > 0

@@ -27,6 +27,7 @@ BACKENDS = ("eager", "inductor", "fusekit")
 GPU_BATCHES = (1, 8, 32, 64)
 GPU_POSITIONS = (128, 1024, 2048, 4000)
 CACHE_LEN = 4096
+ROUNDS = 3  # interleaved timing rounds per position
 
 
 class Step:
@@ -125,13 +126,13 @@ def _ms(fn: Callable[[], Any], cpu: bool) -> float:
         return statistics.median(ts)
     from triton.testing import do_bench
 
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def _compile(backend: str, model: Any, cpu: bool) -> Any:
     """Default dynamism: a sliding-window cache's length counter is a Python int that changes every step (one
-    recompile makes it symbolic; dynamic=False would recompile every step)."""
-    torch._dynamo.reset()
+    recompile makes it symbolic; dynamic=False would recompile every step). No Dynamo reset here: the
+    backends' compiled steps live side by side, and are timed in interleaved rounds."""
     if backend == "eager":
         return model
     if backend == "inductor":
@@ -147,9 +148,13 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
     res: dict[str, Any] = {**st.desc, "seq": 1, "cache_len": st.cache_len, "backends": {}, "positions": {}}
     wbytes = st.weight_bytes()
     logits: dict[str, torch.Tensor] = {}
+    steps: dict[str, Callable[[], Any]] = {}
+    fns: list[Any] = []
     with torch.no_grad():
-        for be in BACKENDS:
+        torch._dynamo.reset()
+        for be in BACKENDS:  # compiled side by side: Dynamo keeps one cache entry per backend
             fn = _compile(be, st.model, cpu)
+            fns.append(fn)
             st.restore()
             st.at(positions[0])
             with stats.collect() as records, no_compile_caches():
@@ -165,23 +170,38 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
                 info["errors"] = len(rep.errors)
                 info["report"] = str(rep)
             res["backends"][be] = info
-            step = st.repeated(fn)
-            g = None if cpu else capture(step)
-            graph = g.replay if g is not None else None
-            for p in positions:
-                st.at(p)
-                row = res["positions"].setdefault(str(p), {})
-                row[be] = _ms(step, cpu)
-                if graph is not None:
-                    row[be + "+graph"] = _ms(graph, cpu)
-                floor_bytes = wbytes + st.kv_bytes(p)
-                row["floor_ms"] = floor_bytes / bw * 1e3 if bw else None
-            log(f"  {name:8s} b{batch:<3d} {be:9s} compile {info['compile_s'] or 0:5.1f} s  " + "  ".join(
-                f"@{p}: {res['positions'][str(p)][be]:.3f}" + (f"/{res['positions'][str(p)].get(be + '+graph', 0):.3f}g"
-                                                                if be + "+graph" in res["positions"][str(p)] else "")
-                for p in positions) + (f"  fused {info.get('sites')}" if be == "fusekit" else ""))
-            del fn
-            torch._dynamo.reset()
+            steps[be] = st.repeated(fn)
+            if not cpu:
+                g = capture(steps[be])
+                if g is not None:
+                    steps[be + "+graph"] = g.replay
+        # Timed in interleaved rounds (every backend once per round): a slow host drifts from run to run,
+        # and in a row timed one backend after another the drift lands on one backend.
+        for p in positions:  # once at every position first: a sliding window's int turns symbolic here
+            st.at(p)
+            for be in BACKENDS:
+                steps[be]()
+        graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        for p in positions:
+            st.at(p)
+            row = res["positions"].setdefault(str(p), {})
+            rounds: dict[str, list[float]] = {k: [] for k in steps}
+            for _ in range(ROUNDS):
+                for k, fn in steps.items():
+                    rounds[k].append(_ms(fn, cpu))
+            for k, ts in rounds.items():
+                row[k] = statistics.median(ts)
+                row[k + "_range"] = (min(ts), max(ts))
+            row["floor_ms"] = (wbytes + st.kv_bytes(p)) / bw * 1e3 if bw else None
+        # graphs Dynamo compiled while timing (a recompile would be timed as a step): 0 expected
+        res["compiled_while_timed"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
+        for be in BACKENDS:
+            log(f"  {name:8s} b{batch:<3d} {be:9s} compile {res['backends'][be]['compile_s'] or 0:5.1f} s  " + "  ".join(
+                f"@{p}: {row[be]:.3f}" + (f"/{row[be + '+graph']:.3f}g" if be + "+graph" in row else "")
+                for p, row in res["positions"].items())
+                + (f"  fused {res['backends'][be].get('sites')}" if be == "fusekit" else ""))
+        del fns, steps
+        torch._dynamo.reset()
     ref = logits["inductor"]
     res["fusekit_vs_inductor_max_abs"] = (logits["fusekit"] - ref).abs().max().item()
     res["eager_vs_inductor_max_abs"] = (logits["eager"] - ref).abs().max().item()
@@ -253,7 +273,8 @@ def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, lo
 def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
     lines = [f"# fusekit bench --phase decode: {env['device']}", "",
              f"torch {env['torch']}, transformers {env['transformers']}. One decode step (1 new token per sequence) "
-             f"against a StaticCache; median ms (triton do_bench); +graph = the compiled step replayed as a CUDA "
+             f"against a StaticCache; ms, the median of {ROUNDS} interleaved rounds (each a triton do_bench median; "
+             f"min-max in decode.json); +graph = the compiled step replayed as a CUDA "
              f"graph. Floor = (weights + KV rows visible at the position) / copy bandwidth "
              f"({(env.get('copy_gbps') or 0):,.0f} GB/s).", "",
              "| model | batch | position | eager | Inductor | fusekit | Inductor+graph | fusekit+graph | "
@@ -271,7 +292,7 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
                          f"{f(row.get('fusekit+graph'))} | {f(row.get('speedup'), '{:.2f}x')} | "
                          f"{f(row.get('speedup+graph'), '{:.2f}x')} | {f(row.get('floor_ms'))} | "
                          f"{f(row.get('floor_frac'), '{:.0%}')} | {sites} |")
-    lines += ["", "Compile: the first call after a Dynamo reset, Inductor's first; kernels it compiles land in the "
+    lines += ["", "Compile: the first call of each backend, compiled one after the other, Inductor first; kernels it compiles land in the "
               "on-disk kernel cache, where fusekit's compile finds the ones it shares, so this ratio favours fusekit "
               "(`benchmarks/bench_compile.py` times both with warm kernels).", "",
               "| model | batch | compile Inductor s | compile fusekit s | ratio | fusekit - Inductor logits (max abs) | eager - Inductor |",
