@@ -53,6 +53,12 @@ class Step:
         # the cache as filled: timing steps write rows (and a full sliding window rolls), so every backend's
         # logits are taken from this state
         self.saved = [(layer.keys.clone(), layer.values.clone()) for layer in getattr(self.cache, "layers", ())]
+        # write-position counters of caches that count their own length (transformers >= 5.2x): a tensor each
+        # step advances in place (replays of a graph included), and a sliding-window layer's Python int
+        layers = getattr(self.cache, "layers", ())
+        self.lens = [n for layer in layers if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
+        self.sliding = [layer for layer in layers if isinstance(getattr(layer, "cumulative_length_int", None), int)]
+        self._pos_as_lens = [self.pos.view(n.shape) for n in self.lens]
 
     def restore(self) -> None:
         for layer, (k, v) in zip(getattr(self.cache, "layers", ()), self.saved):
@@ -60,16 +66,17 @@ class Step:
             layer.values.copy_(v)
 
     def at(self, position: int) -> None:
-        """Step at `position`: the mask's cache_position, and the write slot of caches that count their own
-        length (transformers >= 5.2x: a tensor that each step advances in place, replays of a graph included)."""
+        """Step at `position`: the mask's cache_position, and the caches' write slot."""
         self.position = position
         self.pos.fill_(position)
-        for layer in getattr(self.cache, "layers", ()):
-            n = getattr(layer, "cumulative_length", None)
-            if isinstance(n, torch.Tensor):
-                n.fill_(position)
-            if isinstance(getattr(layer, "cumulative_length_int", None), int):  # a sliding-window layer
-                layer.cumulative_length_int = position
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """The caches' write slot back to `pos` (one copy kernel for the tensor counters)."""
+        if self.lens:
+            torch._foreach_copy_(self.lens, self._pos_as_lens)
+        for layer in self.sliding:
+            layer.cumulative_length_int = self.position
 
     def __call__(self, fn: Callable[..., Any]) -> torch.Tensor:
         return fn(self.token, past_key_values=self.cache, cache_position=self.pos, use_cache=True).logits
@@ -78,17 +85,8 @@ class Step:
         """The step as timed: every call (a graph replay too) first rewinds the caches' write position to
         `pos`, which each step advances in place; without it hundreds of timed steps from position 4000 would
         write past the cache's end. One small copy kernel, the same for every backend."""
-        lens = [n for layer in getattr(self.cache, "layers", ())
-                if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
-        sliding = [layer for layer in getattr(self.cache, "layers", ())
-                   if isinstance(getattr(layer, "cumulative_length_int", None), int)]
-        srcs = [self.pos.view(n.shape) for n in lens]
-
         def step() -> torch.Tensor:
-            if lens:
-                torch._foreach_copy_(lens, srcs)
-            for layer in sliding:
-                layer.cumulative_length_int = self.position
+            self._rewind()
             return self(fn)
         return step
 
