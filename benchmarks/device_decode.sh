@@ -2,7 +2,7 @@
 # One call on the lent GPU for the decode issue: install (builds the kernels), the decode kernel's GPU tests
 # under compute-sanitizer memcheck and plain, then `fusekit bench --phase decode`. Logs under $OUT.
 # Env: MODELS (default llama), BATCHES, POSITIONS, GEN (1: also generate), TESTS (0: skip), SAN (1: memcheck),
-# DEADLINE (s, the bench stops there), KTESTS (extra pytest args for tests/test_kernels_gpu.py -k), CUTLASS (1: carry .whl for the matmul kernels).
+# DEADLINE (s, the bench stops there), GEN_CACHE (generate's cache sizes), PROFILE (batch:position ...), KTESTS (extra pytest args for tests/test_kernels_gpu.py -k), CUTLASS (1: carry .whl for the matmul kernels).
 set -uo pipefail
 T0=$(date +%s)  # the bench gets what is left of DEADLINE (s) after install and tests
 OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
@@ -26,17 +26,20 @@ if [ "${TESTS:-1}" = 1 ]; then
   echo "kernel GPU tests (-k ${KTESTS:-decode}): $(tail -1 "$OUT/pytest_kernels.log")" | tee -a "$OUT/gpu.txt"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels.log" | head -20
 fi
-if [ -n "${MODELS:-llama}" ]; then
+if [ "${MODELS:-llama}" != none ]; then
   timeout $(( ${DEADLINE:-570} - $(date +%s) + T0 )) fusekit bench --phase decode --models "${MODELS:-llama}" ${BATCHES:+--batches $BATCHES} \
-    ${POSITIONS:+--positions $POSITIONS} $([ "${GEN:-0}" = 1 ] && echo --generate || echo --no-generate) \
+    ${POSITIONS:+--positions $POSITIONS} $([ "${GEN:-0}" = 1 ] && echo --generate || echo --no-generate) ${GEN_CACHE:+--gen-cache $GEN_CACHE} \
     --out "$OUT/decode" 2>&1 | grep -v -i warn > "$OUT/decode.log"
   grep -E "^\[|^  " "$OUT/decode.log" | tail -40
 fi
-if [ "${TESTS:-1}" = 1 ]; then
-  if [ "${SAN:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py \
-      -k "hidden_by_a_finite or (masks_against and fp16 and causal)" > "$OUT/memcheck.log" 2>&1
-    echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
-  fi
+if [ "${SAN:-${TESTS:-1}}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py \
+    -k "hidden_by_a_finite or (masks_against and fp16 and causal)" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
 fi
+# PROFILE="32:1024 1:4000": the kernel table of one step per batch:position (benchmarks/profile_decode_step.py)
+for bp in ${PROFILE:-}; do
+  python3 benchmarks/profile_decode_step.py --batch "${bp%%:*}" --position "${bp##*:}" > "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" 2>&1
+  grep -E "decode_attention|combine|hidden_rows|Self CUDA time total|alone" "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" | head -12
+done
 echo "== summary =="; cat "$OUT/gpu.txt"; [ -f "$OUT/decode/decode.md" ] && grep "^|" "$OUT/decode/decode.md"

@@ -280,26 +280,54 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   }
 }
 
-// One block of D threads per output row: rescale each split's partial sums to the common max.
+// One block of D threads per output row: rescale each split's partial sums to the common max. The splits'
+// (max, sum) are read in parallel, one per thread, and their weights shared; the partial outputs are then read
+// 8 splits at a time (independent loads: a long cache's many splits cost a few memory latencies, not one each).
 template <typename T, int D>
 __global__ void __launch_bounds__(D) combine_splits(const Params p) {
+  constexpr int kUnroll = 8;
+  __shared__ float s_red[D / 32], s_w[D], s_l[D];
+  __shared__ int s_ok[D];
   const int64_t row = blockIdx.x;
-  const int d = threadIdx.x;
+  const int t = threadIdx.x;
+  const float2* ml = p.part_ml + row;  // split s at ml[s * rows_total]
   float mx = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.part_ml[s * p.rows_total + row].x);
+  for (int s = t; s < p.splits; s += D) mx = fmaxf(mx, ml[s * p.rows_total].x);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (t % 32 == 0) s_red[t / 32] = mx;
+  __syncthreads();
+  mx = s_red[0];
+#pragma unroll
+  for (int w = 1; w < D / 32; ++w) mx = fmaxf(mx, s_red[w]);
   float l = 0.f, acc = 0.f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < p.splits; ++s) {
-      const float2 ml = p.part_ml[s * p.rows_total + row];
-      if (ml.x == -INFINITY) continue;  // a split that saw nothing wrote no partial output
-      const float w = exp2f(ml.x - mx);
-      l += ml.y * w;
-      acc += p.part_o[(s * p.rows_total + row) * D + d] * w;
+  for (int base = 0; base < p.splits; base += D) {
+    const int n = min(D, p.splits - base);
+    __syncthreads();  // the previous tile's weights are read
+    if (t < n) {
+      const float2 x = ml[(base + t) * p.rows_total];
+      const bool ok = x.x != -INFINITY;  // a split that saw nothing wrote no partial output
+      const float w = ok ? exp2f(x.x - mx) : 0.f;
+      s_ok[t] = ok, s_w[t] = w, s_l[t] = ok ? x.y * w : 0.f;
+    }
+    __syncthreads();
+    const float* po = p.part_o + (base * p.rows_total + row) * D + t;
+    for (int j0 = 0; j0 < n; j0 += kUnroll) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = j0 + u < n && s_ok[j0 + u] ? po[(j0 + u) * p.rows_total * D] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {  // split order, as one loop would: deterministic sums
+        if (j0 + u < n && s_ok[j0 + u]) {
+          l += s_l[j0 + u];
+          acc = fmaf(v[u], s_w[j0 + u], acc);
+        }
+      }
     }
   }
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
-  static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? acc / l : 0.f);
-  if (p.hidden && d == 0) p.hidden[row] = !(mx > kHiddenLog2);
+  static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
+  if (p.hidden && t == 0) p.hidden[row] = !(mx > kHiddenLog2);
 }
 
 // A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by

@@ -143,3 +143,16 @@ def test_mha_should_fire_policy():
     assert guard.check(Site(many)) is None and guard.check(Site(torch.empty(1, 12, 1, 64))) is None
     rules = {p.id: {g.name for g in p.guards} for p in decode.PATTERNS}
     assert "enough_rows(q)" in rules["decode.mha"] and "enough_rows(q)" not in rules["decode.gqa"]
+
+
+@pytest.mark.slow
+def test_generate_with_a_cache_of_its_own_size():
+    """generate against a StaticCache the bench makes (a server's cache sized to the context): the cache is
+    reset between the compiling run and the timed one, so both give eager's tokens, and the size is reported."""
+    out = decode_bench.generate_bench("llama", "cpu", 2, 8, 6, cache_len=32, log=lambda s: None)
+    assert out["cache_len"] == 32
+    for be in ("eager", "inductor", "fusekit"):
+        assert "error" not in out["backends"][be], out["backends"][be]
+        assert out["backends"][be]["tokens_equal_eager"], out["backends"][be]
+    md = decode_bench.markdown([], [out], {"device": "cpu", "torch": "x", "transformers": "y"})
+    assert "| llama | 2 | 8+6 | 32 | fusekit |" in md

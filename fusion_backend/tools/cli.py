@@ -36,8 +36,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from . import decode_bench
 
         ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
+        gen_caches = tuple(None if x == "auto" else int(x) for x in a.gen_cache.split(",")) if a.gen_cache else None
         decode_bench.bench(names, pathlib.Path(a.out), "cpu" if a.cpu else None, ints(a.batches), ints(a.positions),
-                           generate=a.generate)
+                           generate=a.generate, gen_caches=gen_caches)
     return 0
 
 
@@ -130,6 +131,8 @@ def parser() -> argparse.ArgumentParser:
                    "128,1024,2048,4000 of 4096 slots)")
     b.add_argument("--generate", action=argparse.BooleanOptionalAction, default=None,
                    help="decode: also time model.generate (default: on a GPU)")
+    b.add_argument("--gen-cache", default=None, help="decode: comma-separated static cache sizes for generate; "
+                   "auto = prompt + new, transformers' own (GPU default auto,4096)")
     b.add_argument("--out", default="fusekit_bench")
     b.set_defaults(fn=cmd_bench)
     p = sub.add_parser("profile", help="torch.profiler report of one model under eager, Inductor, fusekit")

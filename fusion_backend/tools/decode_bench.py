@@ -169,10 +169,6 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
                 info["report"] = str(rep)
             res["backends"][be] = info
             steps[be] = st.repeated(fn)
-            if not cpu:
-                g = capture(steps[be])
-                if g is not None:
-                    steps[be + "+graph"] = g.replay
         # Timed in interleaved rounds (every backend once per round): a slow host drifts from run to run,
         # and in a row timed one backend after another the drift lands on one backend.
         for p in positions:  # once at every position first: a sliding window's int turns symbolic here
@@ -183,10 +179,20 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
         for p in positions:
             st.at(p)
             row = res["positions"].setdefault(str(p), {})
-            rounds: dict[str, list[float]] = {k: [] for k in steps}
+            # CUDA graphs captured at this position: a graph replays the Python branches taken when it was
+            # captured (a sliding-window layer writes in place below its window and rolls above it), so one
+            # captured at another position would write outside the window's cache
+            timed, graphs = dict(steps), []
+            for be in BACKENDS if not cpu else ():
+                g = capture(steps[be])
+                if g is not None:
+                    timed[be + "+graph"] = g.replay
+                    graphs.append(g)
+            rounds: dict[str, list[float]] = {k: [] for k in timed}
             for _ in range(ROUNDS):
-                for k, fn in steps.items():
+                for k, fn in timed.items():
                     rounds[k].append(_ms(fn, cpu))
+            del timed, graphs
             for k, ts in rounds.items():
                 row[k] = statistics.median(ts)
                 row[k + "_range"] = (min(ts), max(ts))
@@ -215,21 +221,27 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
     return res
 
 
-def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, log: Callable[[str], None] = print) -> dict:
+def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, cache_len: int | None = None,
+                   log: Callable[[str], None] = print) -> dict:
     """Greedy ``generate`` with a static cache, compiled by each backend (transformers compiles the decode
-    forward itself, ``compile_config``): tokens/s of a second run, and tokens compared with eager's."""
-    from transformers import CompileConfig
+    forward itself, ``compile_config``): tokens/s of a second run, and tokens compared with eager's.
+    cache_len None: transformers sizes the cache to prompt + new (``cache_implementation="static"``); else one
+    ``StaticCache`` of that many slots, reset before each run (a server's cache sized to the context)."""
+    from transformers import CompileConfig, StaticCache
 
     cpu = device == "cpu"
     model, _, desc = models.make(name, device, None, batch, prompt)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=g).to(device)
-    out: dict[str, Any] = {**desc, "prompt": prompt, "new_tokens": new, "backends": {}}
+    out: dict[str, Any] = {**desc, "prompt": prompt, "new_tokens": new, "cache_len": cache_len or prompt + new,
+                           "backends": {}}
     tokens: dict[str, torch.Tensor] = {}
     for be in BACKENDS:
         torch._dynamo.reset()
-        kw: dict[str, Any] = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                  cache_implementation="static", pad_token_id=0)
+        kw: dict[str, Any] = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        cache = None if cache_len is None else StaticCache(config=model.config, max_cache_len=cache_len)
+        if cache is None:
+            kw["cache_implementation"] = "static"
         if be == "eager":
             kw["disable_compile"] = True
         elif be == "inductor":  # CUDA graphs for both on a GPU (transformers' default compile mode)
@@ -241,13 +253,19 @@ def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, lo
             kw["compile_config"] = CompileConfig(backend=backend, mode=None, fullgraph=False, dynamic=False)
         try:
             with torch.no_grad():
+                def run() -> torch.Tensor:
+                    if cache is not None:  # the same cache object both times: its buffers are the graphs' own
+                        cache.reset()
+                        return model.generate(ids, past_key_values=cache, **kw)
+                    return model.generate(ids, **kw)
+
                 t0 = time.perf_counter()
-                model.generate(ids, **kw)  # compiles
+                run()  # compiles
                 first = time.perf_counter() - t0
                 if not cpu:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                seq = model.generate(ids, **kw)
+                seq = run()
                 if not cpu:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
@@ -301,17 +319,17 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
                      f"{r['fusekit_vs_inductor_max_abs']:.2e} | {r['eager_vs_inductor_max_abs']:.2e} |")
     if gens:
         lines += ["", "generate (greedy, static cache, compiled by transformers' compile_config):", "",
-                  "| model | batch | prompt + new | backend | tokens/s | vs Inductor | first run s | tokens = eager | first divergence |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| model | batch | prompt + new | cache slots | backend | tokens/s | vs Inductor | first run s | tokens = eager | first divergence |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for gr in gens:
             base = gr["backends"].get("inductor", {}).get("tokens_per_s")
             for be, b in gr["backends"].items():
                 if "error" in b:
-                    lines.append(f"| {gr['model']} | {gr['batch']} | {gr['prompt']}+{gr['new_tokens']} | {be} | "
-                                 f"error: {b['error']} | | | | |")
+                    lines.append(f"| {gr['model']} | {gr['batch']} | {gr['prompt']}+{gr['new_tokens']} | "
+                                 f"{gr.get('cache_len', '-')} | {be} | error: {b['error']} | | | | |")
                     continue
-                lines.append(f"| {gr['model']} | {gr['batch']} | {gr['prompt']}+{gr['new_tokens']} | {be} | "
-                             f"{b['tokens_per_s']:,.0f} | {f(b['tokens_per_s'] / base if base else None, '{:.2f}x')} | "
+                lines.append(f"| {gr['model']} | {gr['batch']} | {gr['prompt']}+{gr['new_tokens']} | "
+                             f"{gr.get('cache_len', '-')} | {be} | {b['tokens_per_s']:,.0f} | {f(b['tokens_per_s'] / base if base else None, '{:.2f}x')} | "
                              f"{b['first_run_s']:.1f} | {b.get('tokens_equal_eager', '-')} | "
                              f"{f(b.get('first_divergence'), '{}')} |")
     return "\n".join(lines) + "\n"
@@ -336,7 +354,8 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
 
 
 def bench(names: list[str], out: pathlib.Path, device: str | None = None, batches: tuple[int, ...] | None = None,
-          positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None) -> list[dict]:
+          positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None,
+          gen_caches: tuple[int | None, ...] | None = None) -> list[dict]:
     from .e2e import environment
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -369,12 +388,15 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
             results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True)))
             save()
     if generate if generate is not None else not cpu:
+        # the cache transformers sizes to the run, and (GPU) the bench's serving-sized one
+        gen_caches = gen_caches or ((None,) if cpu else (None, cache_len))
         for name in names:
-            print(f"[{time.time() - t0:5.0f}s] generate {name}", flush=True)
-            gb = gen_batch or (2 if cpu else 32)
-            gens.append(generate_bench(name, device, gb, 16 if cpu else 512, 16 if cpu else 256,
-                                       log=lambda s: print(s, flush=True)))
-            save()
+            for gc in gen_caches:
+                print(f"[{time.time() - t0:5.0f}s] generate {name} (cache {gc or 'prompt + new'})", flush=True)
+                gb = gen_batch or (2 if cpu else 32)
+                gens.append(generate_bench(name, device, gb, 16 if cpu else 512, 16 if cpu else 256, gc,
+                                           log=lambda s: print(s, flush=True)))
+                save()
     plot(results, out / "decode.png")
     print()
     print(markdown(results, gens, env))
