@@ -279,7 +279,9 @@ def test_bad_direct_calls_raise_clear_errors(p, dtype):
 def test_compiled_on_cuda_fires_and_matches(p, dtype):
     import fusion_backend
 
-    args = p.make_args(p.cases[-1], dtype, "cuda")
+    # decode rules fire on CUDA only at serving sizes (decode.enough_rows); their first GPU case is one
+    case = p.gpu_cases[0] if p.id.startswith("decode.") else p.cases[-1]
+    args = p.make_args(case, dtype, "cuda")
     by_default = p.on_by_default(dtype) and args[0].numel() >= p.min_numel(dtype)  # small cases: name it
     rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
     if p.op == "matmul_epilogue" and dtype == torch.float32 and not p.static["linear"] \
