@@ -20,7 +20,7 @@ from triton.testing import do_bench
 
 import fusion_backend
 from bench_patterns import compiled, gpu_output, save  # the shared harness
-from fusion_backend import registry
+from fusion_backend import table
 
 
 def sdpa_default(p, args):
@@ -30,7 +30,7 @@ def sdpa_default(p, args):
 
 
 def run(shapes, dtype, out: pathlib.Path) -> list[dict]:
-    pats = [p for p in registry.all_patterns() if p.id.startswith("attention.")]
+    pats = [p for p in table.all_patterns() if p.id.startswith("attention.")]
     todo = [(p, s) for s in shapes for p in pats]
     rows, t0 = [], time.time()
     for i, (p, (b, h, s, d)) in enumerate(todo, 1):

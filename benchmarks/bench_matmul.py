@@ -30,7 +30,7 @@ import torch
 
 import fusion_backend
 from bench_patterns import compiled, gpu_output, measure, measure_rounds, save  # the shared harness
-from fusion_backend import registry
+from fusion_backend import table
 from fusion_backend.report import no_compile_caches
 
 # (rule, case, label): the issue's bmm·scale + bias -> GELU shapes, the MLP linears as the linear rules see
@@ -55,7 +55,7 @@ CASTS = [(HEADLINE, (96, 512, 64, 512), "cast 96x512x64x512", "float"),
 
 def other_cases():
     seen = {c[0] for c in CASES + FORMS}
-    for p in registry.all_patterns():  # 3-D batched and linear rules (4-D and mm rules: FORMS' kernels)
+    for p in table.all_patterns():  # 3-D batched and linear rules (4-D and mm rules: FORMS' kernels)
         if p.id.startswith("batched_matmul.") and p.id not in seen and not p.id.endswith("_4d") \
                 and ".mm_" not in p.id:
             if p.static.get("linear"):
@@ -83,7 +83,7 @@ def run(dtypes, out: pathlib.Path, rules: list[str] | None = None, flush: str = 
             and (not rules or any(r in f"{c[0]} {c[2]}" for r in rules))]
     prec = torch.backends.cuda.matmul.fp32_precision
     for i, ((pid, case, label, *variant), dt) in enumerate(todo, 1):
-        p = registry.by_id(pid)
+        p = table.by_id(pid)
         fn = (lambda *t, p=p: p.eager(*t).float()) if variant == ["float"] else \
             p.variants[variant[0]] if variant else None
         torch.backends.cuda.matmul.fp32_precision = "tf32" if dt == torch.float32 else prec

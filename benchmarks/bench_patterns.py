@@ -28,7 +28,7 @@ import time
 import torch
 
 import fusion_backend
-from fusion_backend import _ext, registry
+from fusion_backend import _ext, table
 from fusion_backend.report import no_compile_caches
 from fusion_backend.tools.cuda_graphs import capture
 
@@ -230,7 +230,7 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3, flush: str 
 
 def headline_dyn_quant(flush: str = "clean") -> dict:
     """Dynamic per-token INT8 on [16384, 4096] fp16, the issue's target shape."""
-    p = registry.by_id("quantize.dyn_quant_i8")
+    p = table.by_id("quantize.dyn_quant_i8")
     args = p.make_args((16384, 4096), torch.float16, "cuda")
     ind, fk = compiled(p, "inductor"), compiled(p, "fusekit")
     ind(*args), fk(*args)
@@ -245,7 +245,7 @@ def markdown(rows: list[dict], head: dict, device: str) -> str:
     out = [f"# fusekit pattern benchmark\n\n{device}\n"]
     for pid in dict.fromkeys(r["pattern"] for r in rows):
         for dt in dict.fromkeys(r["dtype"] for r in rows if r["pattern"] == pid):
-            on = registry.by_id(pid).on_by_default(getattr(torch, dt))
+            on = table.by_id(pid).on_by_default(getattr(torch, dt))
             out.append(f"\n## {pid} ({dt}){'' if on else ' -- off by default on CUDA'}\n\nRAW EXECUTION TIME\n")
             out.append("| Memory | Data (MB) | # Elements | PyTorch (ms) | torch.compile (ms) | fusekit (ms) | "
                        "fusekit GB/s | % of copy |\n|---|---|---|---|---|---|---|---|")
@@ -299,9 +299,9 @@ def main() -> None:
                     help="L2 flush at HBM sizes: clean (read 256 MB; default) or zero (do_bench's)")
     a = ap.parse_args()
     out, device = gpu_output("bench_patterns", a.out)
-    ids = registry.select(a.patterns.split(",") if a.patterns else None)
-    pats = [registry.by_id(i) for i in ids if not _ext.missing_cuda_kernel(registry.by_id(i).op, torch.device("cuda"))
-            and registry.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
+    ids = table.select(a.patterns.split(",") if a.patterns else None)
+    pats = [table.by_id(i) for i in ids if not _ext.missing_cuda_kernel(table.by_id(i).op, torch.device("cuda"))
+            and table.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
     dtypes = {getattr(torch, d) for d in a.dtypes.split(",")}
     print(f"{device}: {len(pats)} patterns", flush=True)
     rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out, a.rounds, a.flush)

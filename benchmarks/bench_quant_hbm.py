@@ -15,7 +15,7 @@ import statistics
 import torch
 
 from bench_patterns import copy_bytes
-from fusion_backend import _ext, registry
+from fusion_backend import _ext, registry, table
 
 IDS = ["quantize.dyn_quant_i8", "quantize.dyn_quant_fp8", "quantize.quant_i8", "quantize.quant_i8_per_col",
        "quantize.quant_i8_per_row"]
@@ -40,7 +40,7 @@ def main() -> None:
     res: dict[tuple, dict] = {}
     for rnd in range(a.rounds):
         for pid in ids:
-            p = registry.by_id(pid)
+            p = table.by_id(pid)
             for dt in (torch.float16, torch.bfloat16):
                 for n in SIZES:
                     args = p.make_args((n // COLS, COLS), dt, "cuda")

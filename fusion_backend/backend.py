@@ -26,7 +26,7 @@ def split_options(mode: str | None, options: Mapping[str, Any] | None):
     """-> (FusekitOptions, Inductor config patches)."""
     from torch._inductor import list_mode_options
 
-    from . import registry
+    from . import table
     from .passes import FusekitOptions
 
     opts = dict(options or {})
@@ -38,8 +38,8 @@ def split_options(mode: str | None, options: Mapping[str, Any] | None):
     disable = opts.pop("disable", ())
     named = None if patterns is None else _as_names(patterns, "patterns")
     fk = FusekitOptions(
-        patterns=registry.select(named, _as_names(disable, "disable") if disable else ()),
-        forced=registry.select(named) if named is not None else (),
+        patterns=table.select(named, _as_names(disable, "disable") if disable else ()),
+        forced=table.select(named) if named is not None else (),
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
         report=bool(opts.pop("report", False)),

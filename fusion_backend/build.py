@@ -24,10 +24,10 @@ def _tables_from_checkout() -> None:
 
 def trace_patterns(devices: list[str]) -> int:
     """Trace (or load) every rule in every dtype on `devices`; returns the number of search forms."""
-    from . import registry, tracing
+    from . import tracing, table
 
     return sum(len(tracing.search_forms(p, dt, dev))
-               for dev in devices for p in registry.all_patterns() for dt in p.dtypes)
+               for dev in devices for p in table.all_patterns() for dt in p.dtypes)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch._inductor import pattern_matcher as pm
 
 from . import guards as G
-from . import registry, tracing
+from . import registry, tracing, table
 from .registry import Pattern
 from .stats import active_run
 
@@ -71,7 +71,7 @@ def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]]) -> list[tu
 @functools.cache
 def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> tuple[Entry, ...]:
     """The entries of one search form, made once per process, on first use."""
-    p = registry.by_id(pattern_id)
+    p = table.by_id(pattern_id)
     form = tracing.search_forms(p, dtype, device)[i]
     check = _returned(_guards(p)) if form.cast else _guards(p)
     store = pm.PatternMatcherPass()
@@ -81,7 +81,7 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> t
                             extra_check=check, scalar_workaround=tracing._dummy_scalars(p),
                             search_fn_pattern=form.expr, skip_duplicates=True)
     G.harden_entries(p, store, precheck=check)
-    order = registry.position(pattern_id)
+    order = table.position(pattern_id)
     return tuple(Entry(key, e, order, tracing._size(e.pattern), *form.needs)
                  for key, es in store.patterns.items() for e in es)
 
@@ -94,7 +94,7 @@ def _guards(p: Pattern) -> Callable[[pm.Match], bool]:
 def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex | None = None) -> list[Entry]:
     """The entries of one rule in one dtype on one device; with `index`, only those of the search forms
     that fit that graph (no other form is loaded or made into entries)."""
-    p = registry.by_id(pattern_id)
+    p = table.by_id(pattern_id)
     if index is not None and not index.fits(*tracing.common_requirements(p, dtype, device)):
         return []
     return [e for i, f in enumerate(tracing.search_forms(p, dtype, device))
@@ -106,7 +106,7 @@ def relaxed(pattern_id: str, dtype: torch.dtype, device: str) -> tuple[tuple[Any
     """The rule's own search forms with the one-user constraint dropped, with their requirements: they
     find the sites where an intermediate value is reused (for the report only)."""
     out, seen = [], set()
-    for form in tracing.search_forms(registry.by_id(pattern_id), dtype, device):
+    for form in tracing.search_forms(table.by_id(pattern_id), dtype, device):
         if form.cast:
             continue  # near misses are explained for the rule's own form only
         r = tracing._relaxed(form.expr)
@@ -146,7 +146,7 @@ def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str],
         family = pid.split(".", 1)[0]
         fp = out.setdefault(family, FamilyPass(family, [], pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0))
         fp.pattern_ids.append(pid)
-        for dtype, device in rule_pairs(registry.by_id(pid), dtypes):
+        for dtype, device in rule_pairs(table.by_id(pid), dtypes):
             chosen.setdefault(family, []).extend(entries(pid, dtype, device, index))
     for family, es in chosen.items():
         patterns = out[family].pass_.patterns
@@ -161,7 +161,7 @@ def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dt
                 index: GraphIndex) -> Iterable[tuple[torch.fx.Node, pm.Match, list[torch.fx.Node]]]:
     """(anchor, relaxed match, reused intermediates) where `pid`'s chain occurs but an intermediate value
     has another user, so the rule itself cannot match."""
-    p = registry.by_id(pid)
+    p = table.by_id(pid)
     for dtype, device in rule_pairs(p, dtypes):
         if not index.fits(*tracing.common_requirements(p, dtype, device)):
             continue

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import _ext, guards, matcher, registry
+from . import _ext, guards, matcher, registry, table
 from .guards import SiteFailure
 from .stats import NearMiss, PassRun, new_record, publish, running
 
@@ -40,7 +40,7 @@ class FusekitOptions:
 
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
-ENGINE = ("backend", "passes", "registry", "tracing", "matcher", "guards", "ops", "verify", "_ext")
+ENGINE = ("backend", "passes", "registry", "table", "tracing", "matcher", "guards", "ops", "verify", "_ext")
 
 
 def source_files() -> tuple[str, ...]:
@@ -121,7 +121,7 @@ def _reused_intermediates(graph: torch.fx.Graph, run: PassRun, pattern_ids: list
     rule count: a float LayerNorm that looks like a dequantize is not a near miss."""
     index, out = matcher.GraphIndex(graph), []
     for pid in pattern_ids:
-        pattern = registry.by_id(pid)
+        pattern = table.by_id(pid)
         for node, m, shared in matcher.near_misses(graph, pid, dtypes, index):
             if guards.fits(pattern, m, run):
                 names = ", ".join(f"{n.name} ({len(n.users)} users)" for n in shared)
@@ -134,7 +134,7 @@ def _record_misses(run: PassRun, misses: list[tuple[str, torch.fx.Node, str]]) -
     when every rule ran in turn and explained its misses before the next one took nodes)."""
     for pid, node, reason in misses:
         by = run.replaced.get(node)
-        if by is None or registry.position(by) > registry.position(pid):
+        if by is None or table.position(by) > table.position(pid):
             run.near_miss(pid, node, reason)
 
 
@@ -146,7 +146,7 @@ def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:
     into that work's kernel, which then reads 16 bits per element, not 32. The fused result skips the
     rounding to 16 bits in between (it is closer to the exact value, never farther)."""
     convert = torch.ops.prims.convert_element_type.default
-    casts = {p.op: p.output_casts for p in registry.all_patterns() if p.output_casts}  # op -> dtypes it stores
+    casts = {p.op: p.output_casts for p in table.all_patterns() if p.output_casts}  # op -> dtypes it stores
     for name, dtypes in casts.items():
         op = registry.op_overload(name)
         pos = [a.name for a in op._schema.arguments].index("out_dtype")

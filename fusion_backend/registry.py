@@ -165,50 +165,6 @@ def call_op(pattern: Pattern, args: Sequence[Any], static: Mapping[str, Any] = {
     return op_overload(pattern.op)(*call_args, **call_kwargs)
 
 
-@functools.cache
-def all_patterns() -> tuple[Pattern, ...]:
-    from .patterns import PATTERNS
-
-    ids = [p.id for p in PATTERNS]
-    dup = {i for i in ids if ids.count(i) > 1}
-    if dup:
-        raise ValueError(f"duplicate pattern ids: {sorted(dup)}")
-    register_cpu_references(PATTERNS)
-    return tuple(PATTERNS)
-
-
-@functools.cache
-def position(pattern_id: str) -> int:
-    """The rule's place in the table: an earlier rule is tried first where two overlap."""
-    return [p.id for p in all_patterns()].index(pattern_id)
-
-
-def by_id(pattern_id: str) -> Pattern:
-    for p in all_patterns():
-        if p.id == pattern_id:
-            return p
-    raise KeyError(pattern_id)
-
-
-def select(patterns: Sequence[str] | None, disable: Sequence[str] = ()) -> tuple[str, ...]:
-    """Resolve `options["patterns"]`/`["disable"]` (ids or family names) to pattern ids, in table order."""
-    every = [p.id for p in all_patterns()]
-
-    def expand(names: Sequence[str], what: str) -> set[str]:
-        out = set()
-        for n in names:
-            hit = [i for i in every if i == n or i.split(".", 1)[0] == n]
-            if not hit:
-                raise ValueError(f"fusekit: unknown pattern or family {n!r} in options[{what!r}]; "
-                                 f"known: {every}")
-            out.update(hit)
-        return out
-
-    chosen = set(every) if patterns is None else expand(patterns, "patterns")
-    chosen -= expand(disable, "disable")
-    return tuple(i for i in every if i in chosen)
-
-
 def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
     # every float of the shared reference may come as a `_t` companion (a rule may hold it static)
     float_names = [n for n, p in inspect.signature(pattern.reference).parameters.items()

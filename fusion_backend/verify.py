@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import registry
+from . import table
 
 
 class FusekitVerificationError(RuntimeError):
@@ -16,7 +16,7 @@ _checked: set[tuple[str, str]] = set()
 
 def _verify(outs, tensors, floats, pattern, site):
     if (pattern, site) not in _checked:
-        p = registry.by_id(pattern)
+        p = table.by_id(pattern)
         args = [t if t is not None else _scalar(p, i, f) for i, (t, f) in enumerate(zip(tensors, floats))]
         ref = p.eager(*args)
         refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fusion_backend
-from fusion_backend import registry
+from fusion_backend import table
 from fusion_backend.patterns import batched_matmul as BM
 
 CPU = {"cpu_reference": True}
@@ -14,7 +14,7 @@ HAS_GPU = torch.cuda.is_available()
 def pattern_params(dtypes=True):
     """(pattern, dtype) pairs from the tables: every test that takes them is generated."""
     out = []
-    for p in registry.all_patterns():
+    for p in table.all_patterns():
         for dt in (p.dtypes if dtypes else p.dtypes[:1]):
             out.append(pytest.param(p, dt, id=f"{p.id}-{str(dt).replace('torch.', '')}"))
     return out

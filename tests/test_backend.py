@@ -11,7 +11,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import fusion_backend
 from conftest import CPU, explain
-from fusion_backend import matcher, passes, registry
+from fusion_backend import matcher, passes, table
 from fusion_backend.backend import split_options
 
 
@@ -122,7 +122,7 @@ def test_uuid_covers_patterns_options_and_user_pass(tmp_path, monkeypatch):
 
 def test_exception_in_guard_skips_the_site(monkeypatch):
     import fusion_backend.guards as G
-    p = registry.by_id("elementwise.add_mul_exp")
+    p = table.by_id("elementwise.add_mul_exp")
 
     def boom(site):
         raise RuntimeError("guard exploded")
@@ -137,7 +137,7 @@ def test_exception_in_guard_skips_the_site(monkeypatch):
 
 
 def test_exception_in_rewrite_restores_graph(monkeypatch):
-    p = registry.by_id("elementwise.add_mul_exp")
+    p = table.by_id("elementwise.add_mul_exp")
     entries = {id(e.entry): e.entry for e in matcher.entries(p.id, torch.float32, "cpu")}.values()
 
     def broken_apply(match, graph, node):
@@ -173,13 +173,13 @@ def test_verify_passes_on_correct_kernels_and_names_the_bad_site(monkeypatch):
     # a wrong kernel: the reference used by verify disagrees with what the op computed
     import dataclasses
     import fusion_backend.verify as V
-    p = registry.by_id("elementwise.add_mul_exp")
+    p = table.by_id("elementwise.add_mul_exp")
     def wrong_ref(x: torch.Tensor, y: torch.Tensor, c: float = 2.0) -> torch.Tensor:
         return torch.exp((x + y) * c) + 1.0
 
     wrong = dataclasses.replace(p, reference=wrong_ref)
-    by_id = registry.by_id
-    monkeypatch.setattr(V.registry, "by_id", lambda pid: wrong if pid == p.id else by_id(pid))
+    by_id = table.by_id
+    monkeypatch.setattr(V.table, "by_id", lambda pid: wrong if pid == p.id else by_id(pid))
     with pytest.raises(Exception, match=r"pattern 'elementwise.add_mul_exp' at site 'graph \d+: exp \(test_backend.py:\d+ in f_exp\)'.*exceeds atol"):
         explain(f_exp, x * 3, y, verify=True)
 

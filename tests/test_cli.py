@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from fusion_backend import registry  # noqa: E402
+from fusion_backend import table  # noqa: E402
 from fusion_backend.tools import cli, models  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def test_doctor_lists_every_pattern_per_dtype(capsys):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert f"torch {torch.__version__}" in out
-    for p in registry.all_patterns():
+    for p in table.all_patterns():
         assert p.id in out
 
 

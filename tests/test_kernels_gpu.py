@@ -6,7 +6,7 @@ the fused result is at most 2x as far from a float64 reference as eager in the s
 import pytest
 import torch
 
-from fusion_backend import _ext, ops, registry
+from fusion_backend import _ext, ops, registry, table
 from fusion_backend.patterns import batched_matmul as BM
 
 pytestmark = [pytest.mark.gpu,
@@ -21,7 +21,7 @@ def cuda_patterns(flat=None):
     out = []
     if not torch.cuda.is_available():
         return out
-    for p in registry.all_patterns():
+    for p in table.all_patterns():
         if flat is not None and (p.gpu_cases is None) != flat:
             continue
         if _ext.missing_cuda_kernel(p.op, torch.device("cuda")) is None:
@@ -163,7 +163,7 @@ def test_dyn_quant_rounding_boundaries(op, dtype):
     """x / s on and one ulp beside every rounding boundary of the format (k + 0.5 for int8, the midpoints of
     e4m3). The kernels take x / s from two bracketing products and must fall back to eager's true division
     exactly there: bit-exact with eager, in rows whose scale is a power of two and rows whose is not."""
-    p = registry.by_id(f"quantize.{op}")
+    p = table.by_id(f"quantize.{op}")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no kernel")
     if op == "dyn_quant_i8":
@@ -219,7 +219,7 @@ def test_quant_channel_rounding_boundaries(per_row, dtype):
     """x / scale + zp on and one ulp beside k + 0.5 (and past the clamp), one scale per channel: powers
     of two, thirds, tiny and huge ones (a guard for any shortcut around the per-element division, such as
     the reciprocal bracket tried and measured slower): bit-exact with eager."""
-    p = registry.by_id(f"quantize.quant_i8_{'per_row' if per_row else 'per_col'}")
+    p = table.by_id(f"quantize.quant_i8_{'per_row' if per_row else 'per_col'}")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no kernel")
     scale = torch.tensor([1.0, 0.375, 1 / 3, 0.05, 7.0, 2.0 ** -10, 0.0125, 3.3, 1e-30, 1e30, 0.1, 0.2,
@@ -250,7 +250,7 @@ def test_quant_per_row_wide_rows(cols, dtype):
     blocks, 37 rows (not a multiple of the 4 rows per thread), widths that are multiples of the vector but
     not of the block. Random data across the clamp, random scales and zero points (a NaN zero point, an
     inf and a NaN x among them), bit-exact with eager."""
-    p = registry.by_id("quantize.quant_i8_per_row")
+    p = table.by_id("quantize.quant_i8_per_row")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no kernel")
     g = torch.Generator(device="cuda").manual_seed(cols)
@@ -335,7 +335,7 @@ def test_off_by_default_rules_do_not_fire_unless_named(p, dtype):
 
 def test_reduce_overhead_cuda_graphs_with_fused_op():
     import fusion_backend
-    p = registry.by_id("elementwise.add_mul_exp")
+    p = table.by_id("elementwise.add_mul_exp")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no kernel")
     x, y = torch.randn(1024, 1024, device="cuda", dtype=torch.half), torch.randn(1024, 1024, device="cuda",
@@ -375,7 +375,7 @@ def test_attention_mask_broadcasts_and_layouts(p, dtype):
 def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
     """fusekit::matmul_epilogue beyond the table's cases: b with a padded row pitch and K-major, the scale
     as a host or device 0-dim tensor, a strided residual, CUDA-graph capture and replay, clear errors."""
-    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+    p = table.by_id("batched_matmul.bmm_scale_bias_gelu")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no matmul_epilogue kernel on this GPU")
     r = lambda *s: registry.rand(s, dtype, "cuda")  # noqa: E731
@@ -384,7 +384,7 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
         for scale in (0.3, torch.tensor(0.3), torch.tensor(0.3, device="cuda")):
             args = [a, b, bias, scale]
             _check(p, args, _run(p, args))
-    lin = registry.by_id("batched_matmul.linear_bias_residual")
+    lin = table.by_id("batched_matmul.linear_bias_residual")
     x, w, bl = r(2, 40, 64), r(48, 64) * 0.125, r(48)
     for res in (r(2, 40, 96)[:, :, 8:56], r(2, 48, 96)[:, :40, 8:56]):  # row pitch 96; not viewable as [M, N]
         _check(lin, [x, w, bl, res], _run(lin, [x, w, bl, res]))
@@ -415,7 +415,7 @@ def test_matmul_epilogue_layouts_scalars_graphs_and_errors(dtype):
         assert err <= 2 * err_eager + 1e-6 * want.abs().max().item(), (act, err, err_eager)
     # 4-D: leading dims that merge into one batch (views) and a head-transposed q whose do not (the op
     # copies it; the rules leave that one to Inductor), and a 4-D residual read in the epilogue
-    p4 = registry.by_id("batched_matmul.bmm_scale_bias_gelu_4d")
+    p4 = table.by_id("batched_matmul.bmm_scale_bias_gelu_4d")
     q, k4 = r(2, 40, 3, 64).transpose(1, 2), r(2, 3, 136, 64).transpose(-1, -2) * 0.125
     for qq in (q, q.contiguous()):
         _check(p4, [qq, k4, bias, 0.3], _run(p4, [qq, k4, bias, 0.3]))
@@ -473,7 +473,7 @@ def test_matmul_output_cast_and_tf32():
     import fusion_backend
     from patterns.batched_matmul import matmul_epilogue_ref, tf32_baseline
 
-    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+    p = table.by_id("batched_matmul.bmm_scale_bias_gelu")
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip("no matmul_epilogue kernel on this GPU")
     op = torch.ops.fusekit.matmul_epilogue
@@ -508,7 +508,7 @@ def test_matmul_output_cast_and_tf32():
         assert rep.sites[p.id] == 1 and rep.output.dtype == torch.float32, str(rep)
         assert "prims" not in "\n".join(g.graph_code for g in rep.graphs), str(rep)
         close(rep.output, [*args[:3], None], {"scale": s, "act": "gelu", "out_dtype": torch.float32}, dtype)
-        p2 = registry.by_id("batched_matmul.bmm_scale_bias")
+        p2 = table.by_id("batched_matmul.bmm_scale_bias")
         rep = fusion_backend.explain(lambda *t: p2.eager(*t).float(), *args)
         assert rep.sites[p2.id] == 1 and rep.output_casts["matmul_epilogue"] == 1, str(rep)
         close(rep.output, [*args[:3], None], {"scale": s, "out_dtype": torch.float32}, dtype)

@@ -8,7 +8,7 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.pattern_matcher import fwd_only
 
 from conftest import assert_same, explain, pattern_params
-from fusion_backend import registry, stats, tracing
+from fusion_backend import registry, stats, tracing, table
 from fusion_backend.patterns import batched_matmul as BM
 from fusion_backend.report import _fresh_compile
 
@@ -155,7 +155,7 @@ def test_cpu_needs_cpu_reference(p, dtype):
 
 def test_every_scalar_binds():
     """Each float/int parameter survives tracing as its own argument in every dtype."""
-    for p in registry.all_patterns():
+    for p in table.all_patterns():
         for dt in p.dtypes:
             tracing.trace_search_pattern(p, dt, "cpu")
 
@@ -163,7 +163,7 @@ def test_every_scalar_binds():
 def test_matmul_heavy_epilogue_k_window():
     """GELU/SiLU matmul epilogues stay with Inductor where they measured slower (128 < K < 1024 or
     K >= 4096, N > 64) and fire outside that window."""
-    p = registry.by_id("batched_matmul.linear_bias_gelu_2d")
+    p = table.by_id("batched_matmul.linear_bias_gelu_2d")
     for k, n, fires in ((768, 128, False), (64, 128, True), (768, 64, True), (1024, 128, True),
                         (4096, 128, False), (4096, 64, True)):
         args = p.inputs((4, k, n), torch.float16, "cpu")
@@ -178,7 +178,7 @@ def test_matmul_heavy_epilogue_k_window():
 def test_matmul_4d_fires_only_where_leading_dims_merge():
     """4-D matmul rules: a contiguous q fires; a head-transposed q ([B, S, H, D].transpose(1, 2)), whose
     B and H do not merge into one batch stride, stays with Inductor (which copies it) with a near miss."""
-    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu_4d")
+    p = table.by_id("batched_matmul.bmm_scale_bias_gelu_4d")
     q, k, bias = (registry.rand(s, torch.float16, "cpu") for s in ((2, 5, 3, 16), (2, 3, 24, 16), (24,)))
     fn = lambda q, k, bias: p.eager(q, k.transpose(-1, -2), bias, 0.25)  # noqa: E731
     for qq, fires in ((q.transpose(1, 2).contiguous(), 1), (q.transpose(1, 2), 0)):
@@ -196,7 +196,7 @@ def test_size_threshold_guard(monkeypatch):
     from fusion_backend import _ext, guards
 
     monkeypatch.setattr(_ext, "missing_cuda_kernel", lambda op, dev: None)
-    p = registry.by_id("quantize.dyn_quant_i8")
+    p = table.by_id("quantize.dyn_quant_i8")
     check = guards._device_guard(p).check
     floor = p.min_numel(torch.float16)
     assert floor > p.min_numel(torch.float32) > 0
@@ -214,7 +214,7 @@ def test_matmul_output_cast_stored_by_the_kernel():
     store). A cast that feeds more work (Inductor fuses it into that kernel) and a no-op cast stay."""
     from patterns.batched_matmul import matmul_epilogue_ref
 
-    p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+    p = table.by_id("batched_matmul.bmm_scale_bias_gelu")
     for dtype in (torch.float16, torch.bfloat16):
         args = p.make_args(p.cases[-1], dtype, "cpu")
         rep = explain(lambda *t: p.eager(*t).float(), *args)
@@ -278,7 +278,7 @@ def test_tf32_guard():
         assert "K-major" in BM.tf32_allowed("a", "b", linear=True).check(site)
 
 
-@pytest.mark.parametrize("p", [p for p in registry.all_patterns() if p.op == "matmul_epilogue"
+@pytest.mark.parametrize("p", [p for p in table.all_patterns() if p.op == "matmul_epilogue"
                                and p.id.split(".")[1].startswith("bmm_") and not p.id.endswith("_4d")],
                          ids=lambda p: p.id)
 def test_matmul_rules_take_torch_bmm(p):

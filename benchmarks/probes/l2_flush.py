@@ -8,7 +8,7 @@ Session 13's finding: a flush that writes leaves dirty lines whose write-back la
 import statistics
 import torch
 import fusion_backend
-from fusion_backend import registry, _ext
+from fusion_backend import registry, _ext, table
 
 print(_ext.load_for_device())  # build/load the kernels before timing
 rows, cols = 4882, 4096
@@ -37,7 +37,7 @@ for dt in (torch.float16, torch.bfloat16):
     for pid in ("quantize.quant_i8_per_row", "quantize.quant_i8_per_col", "quantize.quant_i8", "quantize.dyn_quant_i8",
                 "elementwise.add_mul_exp"):
         try:
-            p = registry.by_id(pid)
+            p = table.by_id(pid)
         except Exception as e:
             print("skip", pid, e); continue
         args = p.make_args((rows, cols), dt, "cuda")

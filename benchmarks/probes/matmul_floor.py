@@ -15,7 +15,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench_patterns import compiled, copy_bytes, measure_rounds  # noqa: E402
-from fusion_backend import registry  # noqa: E402
+from fusion_backend import table  # noqa: E402
 
 
 @triton.jit
@@ -48,7 +48,7 @@ def read_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-p = registry.by_id("batched_matmul.bmm_scale_bias_gelu")
+p = table.by_id("batched_matmul.bmm_scale_bias_gelu")
 for dt in (torch.float16, torch.bfloat16):
     L, M, K, N = 96, 512, 512, 64
     args = p.make_args((L, M, K, N), dt, "cuda")

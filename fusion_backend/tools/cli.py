@@ -63,7 +63,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 
 def doctor_text() -> str:
-    from .. import _ext, registry
+    from .. import _ext, table
 
     lines = [f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: CPU build'})"]
     try:
@@ -88,7 +88,7 @@ def doctor_text() -> str:
     lines.append("")
     lines.append(f"{'pattern':38s} " + " ".join(f"{str(d)[6:]:>9s}" for d in (torch.float32, torch.float16,
                                                                                  torch.bfloat16, torch.int8)))
-    for p in registry.all_patterns():
+    for p in table.all_patterns():
         cells = []
         for d in (torch.float32, torch.float16, torch.bfloat16, torch.int8):
             if d not in p.dtypes:

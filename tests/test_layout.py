@@ -1,0 +1,71 @@
+"""The package's import graph: no cycle (type-only imports aside), and the flow patterns -> engine -> ops:
+the rule families import only the declarations they build on, and the engine's declarations import no
+family back (the table above both puts the families in order)."""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _imports(path: pathlib.Path, package: str) -> set[str]:
+    tree = ast.parse(path.read_text())
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                 and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    out = set()
+    for n in ast.walk(tree):
+        if id(n) in type_only or not isinstance(n, ast.ImportFrom):
+            continue
+        if n.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - n.level + 1] + ([n.module] if n.module else []))
+        else:
+            base = n.module or ""
+        if base.startswith("fusion_backend"):
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in n.names)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    files = {}
+    for f in (ROOT / "fusion_backend").rglob("*.py"):
+        rel = f.relative_to(ROOT).with_suffix("")
+        files[".".join(rel.parts).removesuffix(".__init__")] = f
+    for f in (ROOT / "patterns").glob("*.py"):  # shipped as fusion_backend.patterns
+        files[f"fusion_backend.patterns.{f.stem}".removesuffix(".__init__")] = f
+    g = {}
+    for mod, f in files.items():
+        package = mod if f.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        g[mod] = {d for d in _imports(f, package) if d in files and d != mod
+                  and d != "fusion_backend" and not mod.startswith(d + ".")}
+    return g
+
+
+def test_no_import_cycle():
+    g = graph()
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for d in sorted(g[m]):
+            assert state.get(d) != 1, " -> ".join(path + [d])
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_flow_patterns_engine_ops():
+    g = graph()
+    families = [m for m in g if m.startswith("fusion_backend.patterns.")]
+    assert families
+    for m in families:  # a family builds on the declarations only
+        assert g[m] <= {"fusion_backend.registry", "fusion_backend.guards", "fusion_backend.ops"}, (m, g[m])
+    for m in ("fusion_backend.registry", "fusion_backend.guards", "fusion_backend.ops", "fusion_backend._ext"):
+        assert not any(d.startswith("fusion_backend.patterns") or d == "fusion_backend.table" for d in g[m]), (m, g[m])
+    for m in g:  # the pass never reaches the tools (CLI, benchmarks, profiler)
+        if not m.startswith("fusion_backend.tools"):
+            assert not any(d.startswith("fusion_backend.tools") for d in g[m]), (m, g[m])
