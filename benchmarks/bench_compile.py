@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from fusion_backend import stats, tracing
+from fusion_backend import forms, stats
 from fusion_backend.tools import models
 from fusion_backend.backend import backend as fusekit_backend
 from fusion_backend.report import Report, no_compile_caches
@@ -131,7 +131,7 @@ def main() -> None:
     a = ap.parse_args()
     cpu = a.cpu or not torch.cuda.is_available()
     if a.cold_patterns:
-        shutil.rmtree(tracing.cache_dir(), ignore_errors=True)
+        shutil.rmtree(forms.cache_dir(), ignore_errors=True)
     env = "CPU, tiny configurations" if cpu else torch.cuda.get_device_name()
     env += f", torch {torch.__version__}"
     print(f"bench_compile on {env}", flush=True)

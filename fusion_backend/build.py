@@ -24,9 +24,9 @@ def _tables_from_checkout() -> None:
 
 def trace_patterns(devices: list[str]) -> int:
     """Trace (or load) every rule in every dtype on `devices`; returns the number of search forms."""
-    from . import tracing, table
+    from . import forms, table
 
-    return sum(len(tracing.search_forms(p, dt, dev))
+    return sum(len(forms.search_forms(p, dt, dev))
                for dev in devices for p in table.all_patterns() for dt in p.dtypes)
 
 
@@ -43,7 +43,7 @@ def main() -> None:
         print(f"fusekit: kernels at {so}")
     if a.arch is None:  # patterns are traced for the devices of this machine
         _tables_from_checkout()
-        from .tracing import cache_dir
+        from .forms import cache_dir
 
         t0 = time.perf_counter()
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

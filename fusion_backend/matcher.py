@@ -19,11 +19,11 @@ from torch import Tensor
 from torch._inductor import pattern_matcher as pm
 
 from . import guards as G
-from . import registry, tracing, table
+from . import forms, registry, tracing, table
 from .registry import Pattern
 from .stats import active_run
 
-Ops = tracing.Ops
+Ops = forms.Ops
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,7 +72,7 @@ def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]]) -> list[tu
 def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> tuple[Entry, ...]:
     """The entries of one search form, made once per process, on first use."""
     p = table.by_id(pattern_id)
-    form = tracing.search_forms(p, dtype, device)[i]
+    form = forms.search_forms(p, dtype, device)[i]
     check = _returned(_guards(p)) if form.cast else _guards(p)
     store = pm.PatternMatcherPass()
     pm.register_replacement(p.search_fn(), _replacement_fn(p, tracing.inverse_fns(form.inverse),
@@ -95,9 +95,9 @@ def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex 
     """The entries of one rule in one dtype on one device; with `index`, only those of the search forms
     that fit that graph (no other form is loaded or made into entries)."""
     p = table.by_id(pattern_id)
-    if index is not None and not index.fits(*tracing.common_requirements(p, dtype, device)):
+    if index is not None and not index.fits(*forms.common_requirements(p, dtype, device)):
         return []
-    return [e for i, f in enumerate(tracing.search_forms(p, dtype, device))
+    return [e for i, f in enumerate(forms.search_forms(p, dtype, device))
             if index is None or index.fits(*f.needs) for e in _form_entries(pattern_id, dtype, device, i)]
 
 
@@ -106,7 +106,7 @@ def relaxed(pattern_id: str, dtype: torch.dtype, device: str) -> tuple[tuple[Any
     """The rule's own search forms with the one-user constraint dropped, with their requirements: they
     find the sites where an intermediate value is reused (for the report only)."""
     out, seen = [], set()
-    for form in tracing.search_forms(table.by_id(pattern_id), dtype, device):
+    for form in forms.search_forms(table.by_id(pattern_id), dtype, device):
         if form.cast:
             continue  # near misses are explained for the rule's own form only
         r = tracing._relaxed(form.expr)
@@ -163,7 +163,7 @@ def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dt
     has another user, so the rule itself cannot match."""
     p = table.by_id(pid)
     for dtype, device in rule_pairs(p, dtypes):
-        if not index.fits(*tracing.common_requirements(p, dtype, device)):
+        if not index.fits(*forms.common_requirements(p, dtype, device)):
             continue
         for expr, ops, edges in relaxed(pid, dtype, device):
             if not index.fits(ops, edges):

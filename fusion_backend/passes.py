@@ -40,7 +40,7 @@ class FusekitOptions:
 
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
-ENGINE = ("backend", "passes", "registry", "table", "tracing", "matcher", "guards", "ops", "verify", "_ext")
+ENGINE = ("backend", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops", "verify", "_ext")
 
 
 def source_files() -> tuple[str, ...]:

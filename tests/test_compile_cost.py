@@ -53,15 +53,15 @@ def test_new_process_loads_traced_patterns_instead_of_tracing(tmp_path):
     it and fuses the same."""
     code = textwrap.dedent("""
         import sys, torch, fusion_backend
-        from fusion_backend import tracing
+        from fusion_backend import forms
         if sys.argv[1] == "forbid":
             def no_trace(*a, **k):
                 raise AssertionError("traced at compile time")
-            tracing._trace_forms = no_trace
+            forms._trace_forms = no_trace
         x = [torch.randn(4, 8) for _ in range(3)]
         rep = fusion_backend.explain(lambda q, k, v: q * k + v, *x, options={"cpu_reference": True})
         assert rep.sites["elementwise.mul_add"] == 1 and not rep.errors, str(rep)
-        print(len(list(tracing.cache_dir().glob("*.pkl"))))
+        print(len(list(forms.cache_dir().glob("*.pkl"))))
     """)
     env = {**os.environ, "FUSEKIT_CACHE": str(tmp_path)}
     outs = []

@@ -8,7 +8,7 @@ from torch._inductor import pattern_matcher as pm
 from torch._inductor.pattern_matcher import fwd_only
 
 from conftest import assert_same, explain, pattern_params
-from fusion_backend import registry, stats, tracing, table
+from fusion_backend import forms, registry, stats, table, tracing
 from fusion_backend.patterns import batched_matmul as BM
 from fusion_backend.report import _fresh_compile
 
@@ -314,5 +314,5 @@ def test_graph_forms_match(p, form):
         lambda *t: form(*[(bound | dict(zip(names, t)))[n] for n in p.arg_names]), names),
         [bound[n] for n in names])
     root = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    forms = tracing.search_forms(p, p.dtypes[0], "cpu")
+    forms = forms.search_forms(p, p.dtypes[0], "cpu")
     assert any(isinstance(f.expr.match(root), pm.Match) for f in forms), gm.graph
