@@ -42,6 +42,36 @@ class Site:
         return self.arg(name)
 
 
+# ---- checks several families share (attention, decode) ---------------------------------------------
+def qkv_problem(names: tuple[str, str, str], tq: Tensor, tk: Tensor, tv: Tensor) -> str | None:
+    """q, k, v are 4-D and of one dtype."""
+    q, k, v = names
+    if not (tq.dim() == tk.dim() == tv.dim() == 4):
+        return f"{q}, {k}, {v} must be 4-D: {tq.dim()}, {tk.dim()}, {tv.dim()} dims"
+    if not (tq.dtype == tk.dtype == tv.dtype):
+        return f"dtypes differ: {tq.dtype}, {tk.dtype}, {tv.dtype}"
+    return None
+
+
+def unit_last_stride_problem(*ts: Tensor) -> str | None:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    if all(known(t.stride(-1) == 1) for t in ts):
+        return None
+    return f"last-dim stride is not 1: {', '.join(str(t.stride()) for t in ts)}"
+
+
+def mask_problem(name: str, m: Tensor, dtypes: tuple[torch.dtype, ...], full: tuple, label: str) -> str | None:
+    """An attention mask: one of `dtypes`, and broadcastable to `full` (named `label`, as [B,H,Sq,Sk])."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    if m.dtype not in dtypes:
+        return f"{name} is {m.dtype}; want {' or '.join(str(d) for d in dtypes)}"
+    if m.dim() > 4 or not all(known(a == 1) or known(a == b) for a, b in zip(reversed(m.shape), reversed(full))):
+        return f"{name} {tuple(m.shape)} does not broadcast to {label} {full}"
+    return None
+
+
 # ---- guard constructors ------------------------------------------------------------------------
 def contiguous(*names: str) -> Guard:
     def check(s: Site) -> str | None:

@@ -55,10 +55,8 @@ def attention_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard
 
     def check(s: G.Site) -> str | None:
         tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
-        if not (tq.dim() == tk.dim() == tv.dim() == 4):
-            return f"{q}, {k}, {v} must be 4-D [B, H, S, D]: {tq.dim()}, {tk.dim()}, {tv.dim()} dims"
-        if not (tq.dtype == tk.dtype == tv.dtype):
-            return f"dtypes differ: {tq.dtype}, {tk.dtype}, {tv.dtype}"
+        if (bad := G.qkv_problem((q, k, v), tq, tk, tv)) is not None:
+            return bad
         same = [(tq.shape[0], tk.shape[0]), (tq.shape[0], tv.shape[0]), (tq.shape[1], tk.shape[1]),
                 (tq.shape[1], tv.shape[1]), (tk.shape[2], tv.shape[2]), (tq.shape[3], tk.shape[3]),
                 (tq.shape[3], tv.shape[3])]
@@ -70,16 +68,11 @@ def attention_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard
         d = tq.shape[3]
         if not (known(d % 8 == 0) and known(d <= 256) and known(d > 0)):
             return f"head dim {d} is not a multiple of 8 in [8, 256]"
-        if not all(known(t.stride(-1) == 1) for t in (tq, tk, tv)):
-            return f"last-dim stride is not 1: {tq.stride()}, {tk.stride()}, {tv.stride()}"
+        if (bad := G.unit_last_stride_problem(tq, tk, tv)) is not None:
+            return bad
         if mask is not None:
-            m = s.tensor(mask)
-            if m.dtype not in (torch.bool, tq.dtype):
-                return f"{mask} is {m.dtype}; want bool or {tq.dtype}"
             full = (tq.shape[0], tq.shape[1], tq.shape[2], tk.shape[2])
-            if m.dim() > 4 or not all(known(a == 1) or known(a == b)
-                                      for a, b in zip(reversed(m.shape), reversed(full))):
-                return f"{mask} {tuple(m.shape)} does not broadcast to [B,H,Sq,Sk] {full}"
+            return G.mask_problem(mask, s.tensor(mask), (torch.bool, tq.dtype), full, "[B,H,Sq,Sk]")
         return None
 
     return G.Guard(f"attention_inputs({q}, {k}, {v}{', ' + mask if mask else ''})", check)

@@ -99,10 +99,8 @@ def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
     mask is bool, float32 or q's dtype and broadcasts to [B,Hq,Lq,S]."""
     def check(s: G.Site) -> str | None:
         tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
-        if not (tq.dim() == tk.dim() == tv.dim() == 4):
-            return f"{q}, {k}, {v} must be 4-D: {tq.dim()}, {tk.dim()}, {tv.dim()} dims"
-        if not (tq.dtype == tk.dtype == tv.dtype):
-            return f"dtypes differ: {tq.dtype}, {tk.dtype}, {tv.dtype}"
+        if (bad := G.qkv_problem((q, k, v), tq, tk, tv)) is not None:
+            return bad
         b, hq, lq, d = tq.shape
         _, hkv, sk, _ = tk.shape
         if not (all(known(x == y) for x, y in zip(tk.shape, tv.shape)) and known(tk.shape[0] == b)
@@ -113,8 +111,8 @@ def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
             return f"head dim {d} is not one of {HEAD_DIMS}"
         if not (known(lq > 0) and known(sk > 0)):
             return "empty query or cache"
-        if not all(known(t.stride(-1) == 1) for t in (tq, tk, tv)):
-            return f"last-dim stride is not 1: {tq.stride()}, {tk.stride()}, {tv.stride()}"
+        if (bad := G.unit_last_stride_problem(tq, tk, tv)) is not None:
+            return bad
         if not all(known(st % 8 == 0) for t in (tk, tv) for st in (*t.stride()[:3], t.storage_offset())):
             return f"{k}/{v} rows are not 16-byte aligned: strides {tk.stride()}, {tv.stride()}"
         for node in s.match.nodes:  # the repeat is transformers' repeat_kv of these k/v, nothing else
@@ -124,13 +122,8 @@ def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
                 if len(got) != 5 or not all(known(x == y) for x, y in zip(got, want)):
                     return f"an expand to {got} is not repeat_kv's {want}"
         if mask is not None:
-            m = s.tensor(mask)
-            if m.dtype not in (torch.bool, torch.float32, tq.dtype):
-                return f"{mask} is {m.dtype}; want bool, float32 or {tq.dtype}"
-            full = (b, hq, lq, sk)
-            if m.dim() > 4 or not all(known(x == 1) or known(x == y) for x, y in zip(reversed(m.shape),
-                                                                                     reversed(full))):
-                return f"{mask} {tuple(m.shape)} does not broadcast to [B,Hq,Lq,S] {full}"
+            return G.mask_problem(mask, s.tensor(mask), (torch.bool, torch.float32, tq.dtype), (b, hq, lq, sk),
+                                  "[B,Hq,Lq,S]")
         return None
 
     return G.Guard(f"cache_inputs({q}, {k}, {v}{', ' + mask if mask else ''})", check)
