@@ -15,8 +15,8 @@ grep -E "fusekit: (built|patterns)" "$OUT/install.log" | tee -a "$OUT/gpu.txt"
 fusekit doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
 (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)
 if [ "${TEST_S:-240}" != 0 ]; then  # TEST_S=0: no tests here (the suite takes more than one call's rest)
-  timeout "${TEST_S:-240}" python3 -m pytest tests -q -rf -m "gpu and not packaging" -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+  timeout "${TEST_S:-240}" python3 -m pytest tests -v --tb=short -m "gpu and not packaging" -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
   echo "GPU tests (-m gpu): $(tail -1 "$OUT/pytest_gpu.log")" | tee -a "$OUT/gpu.txt"
-  grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20
+  grep -E " (FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20  # -v: each test named as it ends, even if the call is cut
 fi
 echo "== summary =="; cat "$OUT/gpu.txt"
