@@ -40,6 +40,6 @@ fi
 # PROFILE="32:1024 1:4000": the kernel table of one step per batch:position (benchmarks/profile_decode_step.py)
 for bp in ${PROFILE:-}; do
   python3 benchmarks/profile_decode_step.py --batch "${bp%%:*}" --position "${bp##*:}" > "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" 2>&1
-  grep -E "decode_attention|combine|hidden_rows|Self CUDA time total|alone" "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" | head -12
+  grep -E "^== |us/step|alone" "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt"
 done
 echo "== summary =="; cat "$OUT/gpu.txt"; [ -f "$OUT/decode/decode.md" ] && grep "^|" "$OUT/decode/decode.md"

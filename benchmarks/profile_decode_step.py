@@ -2,17 +2,27 @@
 step, StaticCache of 4096 slots), and fusekit::decode_attention alone against its byte floor.
 python benchmarks/profile_decode_step.py [--batch 32] [--position 1024] [--out DIR]"""
 import argparse
+import collections
 import pathlib
+import re
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
-from fusion_backend.tools import decode_bench
 from fusion_backend.backend import backend
+from fusion_backend.tools import decode_bench
+
+# what a kernel's name says it does (first match wins)
+KINDS = (("fusekit attention", r"fusekit|decode_attention|combine_splits|hidden_rows"),
+         ("SDPA (cuDNN/flash/efficient)", r"cudnn|fmha|flash|attention|sdpa"),
+         ("GEMM (cuBLAS)", r"nvjet|gemm|cublas|sm90_xmma|splitKreduce|cutlass"),
+         ("Triton (Inductor)", r"^triton_"),
+         ("other", r"."))
 
 
 def kernels(step, n=5):
+    """The kernel table of n steps, and GPU us per step by kind of kernel."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -20,7 +30,20 @@ def kernels(step, n=5):
         for _ in range(n):
             step()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=90)
+    events = prof.key_averages()
+    by_kind, count = collections.Counter(), collections.Counter()
+    for e in events:
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if us <= 0:
+            continue
+        kind = next(k for k, rx in KINDS if re.search(rx, e.key, re.IGNORECASE))
+        by_kind[kind] += us / n
+        count[kind] += e.count / n
+    total = sum(by_kind.values())
+    lines = [f"{k:32s} {us:9.1f} us/step {us / total:5.0%}  {count[k]:5.0f} kernels/step" for k, us in by_kind.most_common()]
+    lines.append(f"{'GPU busy':32s} {total:9.1f} us/step")
+    table = events.table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=90)
+    return table + "\n" + "\n".join(lines)
 
 
 def main():
@@ -48,16 +71,17 @@ def main():
     k, v = lay.keys, lay.values
     b, hkv, s, d = k.shape
     q = torch.randn(b, 1, 16, d, device="cuda", dtype=k.dtype).transpose(1, 2)
-    keep = (torch.arange(s, device="cuda") <= a.position).view(1, 1, 1, s).expand(b, 1, 1, s)
-    bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=k.dtype).masked_fill(~keep, float("-inf"))
     op = torch.ops.fusekit.decode_attention
-    ms = do_bench(lambda: op(q, k, v, bias, 0.088), warmup=25, rep=200, return_mode="median")
-    vis = 2 * b * hkv * (a.position + 1) * d * k.element_size()
     bw = decode_bench.copy_bandwidth("cuda")
-    print(f"decode_attention alone: {ms * 1e3:.1f} us; visible KV {vis / 1e6:.1f} MB -> floor {vis / bw * 1e6:.1f} us "
-          f"({vis / bw * 1e3 / ms:.0%} of floor); copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    msb = do_bench(lambda: op(q, k, v, keep, 0.088), warmup=25, rep=200, return_mode="median")
-    print(f"decode_attention, bool mask: {msb * 1e3:.1f} us", flush=True)
+    for pos in sorted({128, a.position, 2048, 4000}):  # the op alone, L2 flushed between calls (do_bench)
+        keep = (torch.arange(s, device="cuda") <= pos).view(1, 1, 1, s).expand(b, 1, 1, s)
+        bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=k.dtype).masked_fill(~keep, -65536.0)  # transformers'
+        ms = do_bench(lambda m=bias: op(q, k, v, m, 0.088), warmup=25, rep=200, return_mode="median")
+        msb = do_bench(lambda m=keep: op(q, k, v, m, 0.088), warmup=25, rep=200, return_mode="median")
+        vis = 2 * b * hkv * (pos + 1) * d * k.element_size()
+        print(f"decode_attention alone @{pos}: {ms * 1e3:.1f} us (bool mask {msb * 1e3:.1f} us); visible KV "
+              f"{vis / 1e6:.1f} MB -> floor {vis / bw * 1e6:.1f} us ({vis / bw * 1e3 / ms:.0%} of floor); "
+              f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
 
 
 if __name__ == "__main__":

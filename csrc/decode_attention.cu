@@ -16,7 +16,7 @@
 // float16's min, or finfo.min; transformers builds bf16 masks of -65536). Such a key's weight
 // exp(score + mask - row max) underflows to exactly 0 in float32 once the row has a key above -60000, unless
 // scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
-// additive mask says (hidden_rows below).
+// additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
 // One CTA (4 warps) per (sequence, KV head, split of the cache, up to 8 rows of its query group). Per
 // 64-key block it reads the mask first and skips the block's K and V when every row's mask hides every
@@ -47,10 +47,11 @@ struct Params {
   void* out;
   float* part_o;    // [splits, rows_total, D]
   float2* part_ml;  // [splits, rows_total] (max, sum) in log2 units
-  int* hidden;      // [rows_total] 1: no key above kHiddenLog2 (finite masks only; else null)
+  int* hidden;      // [rows_total] 1: no key above kHiddenLog2 (finite masks, one split only; else null)
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, os0, os1, os2;
   int64_t rows_total;  // B * Hq * Lq
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
+  int finite_mask;   // 1: an additive mask, whose finite values can hide a whole row
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
 };
 
@@ -280,7 +281,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   }
 }
 
-// One block of D threads per output row: rescale each split's partial sums to the common max. The splits'
+template <typename T, int D, int W>
+__device__ void recompute_row(const Params& p, int64_t row);
+
+// One block of D threads per output row: rescale each split's partial sums to the common max (a row no key
+// shows above -60000 under a finite mask is computed again here, see recompute_row). The splits'
 // (max, sum) are read in parallel, one per thread, and their weights shared; the partial outputs are then read
 // 8 splits at a time (independent loads: a long cache's many splits cost a few memory latencies, not one each).
 template <typename T, int D>
@@ -300,6 +305,10 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   mx = s_red[0];
 #pragma unroll
   for (int w = 1; w < D / 32; ++w) mx = fmaxf(mx, s_red[w]);
+  if (p.finite_mask && !(mx > kHiddenLog2)) {  // mx is the CTA's: every thread takes this branch
+    recompute_row<T, D, D / 32>(p, row);
+    return;
+  }
   float l = 0.f, acc = 0.f;
   for (int base = 0; base < p.splits; base += D) {
     const int n = min(D, p.splits - base);
@@ -327,17 +336,14 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   }
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
   static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
-  if (p.hidden && t == 0) p.hidden[row] = !(mx > kHiddenLog2);
 }
 
 // A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by
 // exp(score + mask), so this row is computed again over all of them, without skipping (rare: a padded
-// query row). One CTA per row; other rows return at once. A row hidden by -inf everywhere gives 0.
-template <typename T, int D>
-__global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
+// query row), by the W warps of the calling CTA. A row hidden by -inf everywhere gives 0.
+template <typename T, int D, int W>
+__device__ void recompute_row(const Params& p, int64_t row) {
   constexpr int E = D / 32;  // elements per lane
-  const int64_t row = blockIdx.x;
-  if (!p.hidden[row]) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
   const int64_t kvh = h / (p.hq / p.hkv);
@@ -349,7 +355,7 @@ __global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
 #pragma unroll
   for (int e = 0; e < E; ++e) qr[e] = to_float(qp[e]) * p.scale_log2, acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
-  for (int j = warp; j < p.s; j += kWarps) {  // online softmax over this warp's keys
+  for (int j = warp; j < p.s; j += W) {  // online softmax over this warp's keys
     float sc = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) sc = fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc);
@@ -361,17 +367,17 @@ __global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
     for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + w * to_float(vp[j * p.vs2 + e]);
     m = mn;
   }
-  __shared__ float s_m[kWarps], s_l[kWarps], s_acc[kWarps][D];
+  __shared__ float s_m[W], s_l[W], s_acc[W][D];
   if (lane == 0) s_m[warp] = m, s_l[warp] = l;
 #pragma unroll
   for (int e = 0; e < E; ++e) s_acc[warp][lane * E + e] = acc[e];
   __syncthreads();
   float mx = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
-  for (int d = threadIdx.x; d < D; d += kWarps * 32) {
+  for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w]);
+  for (int d = threadIdx.x; d < D; d += W * 32) {
     float num = 0.f, den = 0.f;
     if (mx != -INFINITY) {
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < W; ++w) {
         if (s_m[w] == -INFINITY) continue;
         const float c = exp2f(s_m[w] - mx);
         num += s_acc[w][d] * c;
@@ -380,6 +386,13 @@ __global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
     }
     static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(den > 0.f ? num / den : 0.f);
   }
+}
+
+// One split only: the main kernel flagged the hidden rows; one CTA per row, other rows return at once.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
+  if (!p.hidden[blockIdx.x]) return;
+  recompute_row<T, D, kWarps>(p, blockIdx.x);
 }
 
 bool aligned16(const at::Tensor& t) {
@@ -438,7 +451,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
     combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  if (p.hidden) {
+  if (p.hidden) {  // one split: no combine to recompute the hidden rows in
     hidden_rows<T, D><<<p.rows_total, kWarps * 32, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -499,7 +512,8 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   p.chunk = chunk_blocks * kBlockN, p.splits = splits;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
   at::Tensor part_o, part_ml, hidden;
-  if (p.mask_kind == kSameMask || p.mask_kind == kFloatMask) {  // finite values can hide a whole row
+  p.finite_mask = p.mask_kind == kSameMask || p.mask_kind == kFloatMask;  // finite values can hide a row
+  if (p.finite_mask && splits == 1) {
     hidden = at::empty({p.rows_total}, q.options().dtype(at::kInt));
     p.hidden = hidden.data_ptr<int>();
   }
