@@ -1,6 +1,7 @@
 """Where a decode step's GPU time goes: torch.profiler's kernel table for Inductor and fusekit (one Llama-style
 step, StaticCache of 4096 slots), and fusekit::decode_attention alone against its byte floor.
-python benchmarks/profile_decode_step.py [--batch 32] [--position 1024] [--out DIR]"""
+python benchmarks/profile_decode_step.py [--batch 32] [--position 1024] [--out DIR]
+python benchmarks/profile_decode_step.py --op-only [--batches 1,8,32]: each kernel of the op alone (us per call)"""
 import argparse
 import collections
 import pathlib
@@ -14,10 +15,10 @@ from fusion_backend.backend import backend
 from fusion_backend.tools import decode_bench
 
 # what a kernel's name says it does (first match wins)
-KINDS = (("fusekit attention", r"fusekit|decode_attention|combine_splits|hidden_rows"),
+KINDS = (("Triton (Inductor)", r"^triton_"),  # before the others: a fused kernel names the ops around it
+         ("fusekit attention", r"fusekit|decode_attention|combine_splits|hidden_rows"),
          ("SDPA (cuDNN/flash/efficient)", r"cudnn|fmha|flash|attention|sdpa"),
          ("GEMM (cuBLAS)", r"nvjet|gemm|cublas|sm90_xmma|splitKreduce|cutlass"),
-         ("Triton (Inductor)", r"^triton_"),
          ("other", r"."))
 
 
@@ -46,13 +47,43 @@ def kernels(step, n=5):
     return table + "\n" + "\n".join(lines)
 
 
+def op_kernels(batches, positions, s=4096, hkv=4, hq=16, d=128):
+    """us per call of each kernel the op launches, at the Llama-style step's shapes (bf16, transformers' mask)."""
+    op = torch.ops.fusekit.decode_attention
+    for b in batches:
+        k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=k.dtype).transpose(1, 2)
+        for pos in positions:
+            keep = (torch.arange(s, device="cuda") <= pos).view(1, 1, 1, s).expand(b, 1, 1, s)
+            bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=k.dtype).masked_fill(~keep, -65536.0)
+            for _ in range(5):
+                op(q, k, v, bias, 0.088)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    op(q, k, v, bias, 0.088)
+                torch.cuda.synchronize()
+            parts = [(e.key.split("(")[0].split("::")[-1].split("<")[0], e.self_device_time_total / e.count)
+                     for e in prof.key_averages() if e.count >= 20 and e.self_device_time_total > 0]
+            vis = 2 * b * hkv * (pos + 1) * d * k.element_size()
+            print(f"op b{b} @{pos}: " + ", ".join(f"{n} {us:.1f} us" for n, us in parts)
+                  + f"; total {sum(us for _, us in parts):.1f} us for {vis / 1e6:.1f} MB visible", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--op-only", action="store_true")
+    ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--model", default="llama")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--out", default="out/profile")
     a = ap.parse_args()
+    if a.op_only:
+        from fusion_backend import _ext
+        _ext.load_for_device()
+        return op_kernels([int(x) for x in a.batches.split(",")], (128, 1024, 4000))
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     st = decode_bench.Step(a.model, "cuda", a.batch, 4096)

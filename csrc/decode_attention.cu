@@ -18,9 +18,10 @@
 // scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
 // additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
-// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 8 rows of its query group). Per
-// 64-key block it reads the mask first and skips the block's K and V when every row's mask hides every
-// key; each visible key row is read once (16 bytes per lane) for all the rows of the group. With more
+// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 8 rows of its query group). It reads
+// its split's mask first, all of it at once, and skips the K and V of every 64-key block in which every
+// row's mask hides every key (a split with nothing visible writes (-inf, 0) and ends); each visible key row
+// is read once (16 bytes per lane) for all the rows of the group. With more
 // than one split, partial (max, sum, output) go to a float32 workspace and a second kernel combines them.
 // Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many CTAs.
 // Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
@@ -146,6 +147,20 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     const int r = r0 + min(tid, nr - 1);
     s_moff[tid] = b * p.ms0 + (kvh * p.group + r / p.lq) * p.ms1 + (r % p.lq) * p.ms2;
   }
+  if (tid < kMaxChunk / kBlockN) s_vis[tid] = 0;
+  __syncthreads();
+
+  // ---- the split's whole mask first, its loads in flight together (and with q's): a block no row can see
+  // is never read, and a split with no visible key ends here (most CTAs of a long cache early in decoding) ----
+  constexpr int MPT = RT * kMaxChunk / (kWarps * 32);  // mask values per thread, at most
+  const int keys = nblocks * kBlockN;
+  float mv[MPT];
+#pragma unroll
+  for (int n = 0; n < MPT; ++n) {
+    const int i = tid + n * kWarps * 32, r = i / keys, key = key_begin + i % keys;
+    mv[n] = -INFINITY;
+    if (i < RT * keys && r < nr && key < p.s) mv[n] = p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3);
+  }
   float qr[RT][8];
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
@@ -155,28 +170,38 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
 #pragma unroll
     for (int e = 0; e < 8; ++e) qr[r][e] = r < nr ? to_float(qp[e]) * p.scale_log2 : 0.f;
   }
+#pragma unroll
+  for (int n = 0; n < MPT; ++n) {
+    const int i = tid + n * kWarps * 32;
+    if (i < RT * keys) {
+      sc[(i / keys) * p.chunk + i % keys] = mv[n];
+      if (!(mv[n] <= kHiddenLog2)) s_vis[(i % keys) / kBlockN] = 1;  // a NaN counts as visible, as in the reference
+    }
+  }
   __syncthreads();
+  bool any_vis = false;
+  for (int blk = 0; blk < nblocks; ++blk) any_vis |= s_vis[blk] != 0;
+  if (!any_vis && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
+    for (int r = tid; r < nr; r += kWarps * 32) {
+      const int rr = r0 + r;
+      const int64_t row = (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
+      p.part_ml[split * p.rows_total + row] = make_float2(-INFINITY, 0.f);
+    }
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < MPT; ++n) {  // finite hidden values must not enter the softmax without their scores
+    const int i = tid + n * kWarps * 32;
+    if (i < RT * keys && !s_vis[(i % keys) / kBlockN]) sc[(i / keys) * p.chunk + i % keys] = -INFINITY;
+  }
 
   const T* kbase = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + dsub * 8;
   const T* vbase = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + dsub * 8;
 
-  // ---- scores: mask first; a block no row can see is never read ----
+  // ---- scores of the visible blocks ----
   for (int blk = 0; blk < nblocks; ++blk) {
+    if (!s_vis[blk]) continue;
     const int k0 = key_begin + blk * kBlockN;
-    bool any = false;
-    for (int i = tid; i < RT * kBlockN; i += kWarps * 32) {
-      const int r = i / kBlockN, j = i % kBlockN, key = k0 + j;
-      float m = -INFINITY;
-      if (r < nr && key < p.s) m = p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3);
-      sc[r * p.chunk + blk * kBlockN + j] = m;
-      any |= !(m <= kHiddenLog2);  // a NaN counts as visible: it reaches the output as in the reference
-    }
-    const int vis = __syncthreads_or(any);
-    if (tid == 0) s_vis[blk] = vis;
-    if (!vis) {  // finite hidden values must not enter this split's softmax without their scores
-      for (int i = tid; i < RT * kBlockN; i += kWarps * 32) sc[(i / kBlockN) * p.chunk + blk * kBlockN + i % kBlockN] = -INFINITY;
-      continue;
-    }
 #pragma unroll
     for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
       uint4 kv[UNROLL];
@@ -200,7 +225,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   __syncthreads();
 
   // ---- softmax numerators over this split: one warp per row ----
-  const int keys = nblocks * kBlockN;
   for (int r = warp; r < RT; r += kWarps) {
     float m = -INFINITY;
     for (int j = lane; j < keys; j += 32) m = fmaxf(m, sc[r * p.chunk + j]);
@@ -287,10 +311,10 @@ __device__ void recompute_row(const Params& p, int64_t row);
 // One block of D threads per output row: rescale each split's partial sums to the common max (a row no key
 // shows above -60000 under a finite mask is computed again here, see recompute_row). The splits'
 // (max, sum) are read in parallel, one per thread, and their weights shared; the partial outputs are then read
-// 8 splits at a time (independent loads: a long cache's many splits cost a few memory latencies, not one each).
+// 16 splits at a time (independent loads: a long cache's many splits cost a few memory latencies, not one each).
 template <typename T, int D>
 __global__ void __launch_bounds__(D) combine_splits(const Params p) {
-  constexpr int kUnroll = 8;
+  constexpr int kUnroll = 16;
   __shared__ float s_red[D / 32], s_w[D], s_l[D];
   __shared__ int s_ok[D];
   const int64_t row = blockIdx.x;
