@@ -7,11 +7,14 @@ import functools
 from typing import Sequence
 
 from . import registry
-from .patterns import PATTERNS
 
 
 @functools.cache
 def all_patterns() -> tuple[registry.Pattern, ...]:
+    # imported on first use, not with the package: setup.py runs `python -m fusion_backend.build` from a
+    # checkout that is not installed yet, where the tables are mapped in first (build._tables_from_checkout)
+    from .patterns import PATTERNS
+
     ids = [p.id for p in PATTERNS]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:

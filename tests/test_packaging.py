@@ -22,6 +22,17 @@ def test_installed_package_resolves_top_level_patterns():
     assert _ext.csrc_dir() is not None and any(_ext.csrc_dir().glob("*.cu"))
 
 
+def test_build_module_runs_from_a_checkout_not_yet_installed():
+    """setup.py runs `python -m fusion_backend.build --patterns-only` from the checkout before pip has installed
+    it (no mapping of fusion_backend.patterns yet): the package must import, and the build find the tables."""
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in getattr(f, '__name__', '')]; "
+            "import fusion_backend.build as b; b._tables_from_checkout(); from fusion_backend import table; "
+            "print(len(table.all_patterns()))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.split()[-1]) > 40
+
+
 @pytest.mark.packaging
 def test_wheel_contains_patterns_and_csrc(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
