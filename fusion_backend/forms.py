@@ -112,8 +112,13 @@ def _common(forms: list[SearchForm]) -> Requirements:
 def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
     out: list[SearchForm] = []
     seen: set[str] = set()
-    for fn in (None, *p.variants, *p.graph_forms):
-        traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn)
+    # On CUDA, Inductor's pad_mm may or may not pad a misaligned bmm, by benchmark: a rule traced through
+    # Inductor gets the chain as it is without padding and with it (forced), whatever this machine measures.
+    pads = (False, True) if p.trace == "inductor" and device == "cuda" else (None,)
+    for pad, fn in ((pad, fn) for pad in pads for fn in (None, *p.variants, *p.graph_forms)):
+        if pad and fn in p.graph_forms:
+            continue  # a fused SDPA op's form holds no bmm
+        traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
         forms = [(traced, False)]
         if torch.float32 in p.output_casts and dtype != torch.float32:
             cast = _downcast_root(traced, dtype)

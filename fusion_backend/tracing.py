@@ -132,8 +132,10 @@ def inverse_fns(inverse: dict[str, int]) -> dict[str, Callable[[Any], Any]]:
 
 
 def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device: Any,
-                                   fn: Callable[..., Any] | None = None) -> tuple[Any, dict[str, int]]:
-    """(PatternExpr, {param: index into _SCALAR_FORMS}) for the parameters that appear transformed."""
+                                   fn: Callable[..., Any] | None = None,
+                                   pad: bool | None = None) -> tuple[Any, dict[str, int]]:
+    """(PatternExpr, {param: index into _SCALAR_FORMS}) for the parameters that appear transformed.
+    `pad` (``trace="inductor"``): Inductor's pad_mm off (False) or forced (True); None: its own choice."""
     dummies = _dummy_scalars(pattern)
     tensors = iter(pattern.inputs(pattern.trace_case, dtype, device))
     args = [next(tensors) if k == "tensor" else dummies[n] for n, k in pattern.params if k != "static"]
@@ -143,7 +145,7 @@ def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device:
         bound = dict(zip(pattern.arg_names, args))
         gm = post_grad_graph(_with_signature(
             lambda *t: fn(*[(bound | dict(zip(names, t)))[n] for n in pattern.arg_names]), names),
-                             [bound[n] for n in names])
+                             [bound[n] for n in names], pad)
         argnames = names
     else:
         gm = pm.fwd_only(fn, args)
@@ -179,10 +181,12 @@ class _Captured(Exception):
     pass
 
 
-def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor]) -> torch.fx.GraphModule:
+def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor], pad: bool | None = None) -> torch.fx.GraphModule:
     """The graph Inductor hands to its post-grad custom pass for ``fn(*args)``, captured by stopping
     ``compile_fx`` there. SDPA is traced on its math backend: that is the decomposition Inductor emits
-    whenever it does not pick a fused attention kernel."""
+    whenever it does not pick a fused attention kernel. `pad`: Inductor's pad_mm pass (zero-pads a
+    misaligned fp16/bf16 bmm on CUDA when its on-device benchmark finds that faster, then slices the result
+    back) off (False) or forced (True), so that a traced form does not depend on a benchmark's outcome."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -198,8 +202,9 @@ def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor]) -> torch.fx.
             return None
 
     gm = torch.fx.symbolic_trace(_positional(fn))
+    padding = {} if pad is None else {"shape_padding": pad, "force_shape_pad": pad}
     with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), \
-            inductor_config.patch(post_grad_custom_post_pass=Capture(), post_grad_custom_pre_pass=None):
+            inductor_config.patch(post_grad_custom_post_pass=Capture(), post_grad_custom_pre_pass=None, **padding):
         try:
             compile_fx(gm, list(args))
         except Exception as e:  # noqa: BLE001 - the capture aborts the compile on purpose
@@ -233,12 +238,33 @@ def _shape_wildcards(expr: Any) -> Any:
     def wild(e: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if set(e.fns) & _SHAPE_OPS:
             args = [pm.Ignored() if isinstance(a, (list, tuple)) else a for a in args]
+        if _padded_mm(e) and len(args) >= 2:  # pad_mm's amounts and slice ends follow the graph's sizes
+            args = ([args[0], pm.Ignored(), *args[2:]] if aten.constant_pad_nd.default in e.fns
+                    else [*args[:3], pm.Ignored(), *args[4:]] if len(args) >= 4 else args)
         kwargs = {k: pm.Ignored() if k == "device" else v for k, v in kwargs.items()}
         # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
         fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns
         return pm.CallFunction(fns, *args, _users=e.users, **kwargs)
 
     return _map_dag(expr, wild)
+
+
+def _padded_mm(e: Any) -> bool:
+    """`e` is a part of pad_mm's rewrite: a zero pad feeding a (b)mm, or a slice of such a (b)mm's result
+    (guards.padding_exact checks, per match, that the slices give back the unpadded product)."""
+    if not isinstance(e, pm.CallFunction):
+        return False
+    if aten.slice.Tensor in e.fns:
+        return bool(e.args) and (_padded_mm(e.args[0]) if aten.slice.Tensor in getattr(e.args[0], "fns", ())
+                                 else _pads_into_mm(e.args[0]))
+    if aten.constant_pad_nd.default in e.fns:
+        return True
+    return False
+
+
+def _pads_into_mm(e: Any) -> bool:
+    return (isinstance(e, pm.CallFunction) and bool({aten.bmm.default, aten.mm.default} & set(e.fns))
+            and any(isinstance(a, pm.CallFunction) and aten.constant_pad_nd.default in a.fns for a in e.args))
 
 
 def _clone_variants(expr: Any) -> list[Any]:
