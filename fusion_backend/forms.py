@@ -12,6 +12,7 @@ import functools
 import hashlib
 import inspect
 import io
+import logging
 import os
 import pathlib
 import pickle
@@ -26,6 +27,7 @@ from .registry import Pattern
 from .tracing import _clone_variants, _commuted, _downcast_root, _expand_variants, trace_search_pattern_and_forms
 
 
+log = logging.getLogger("fusion_backend")
 Ops = frozenset  # the targets one pattern node accepts (a view, a reshape and an _unsafe_view are one)
 Requirements = tuple[frozenset, frozenset]  # (ops, (parent, argument index, child) edges)
 
@@ -118,7 +120,13 @@ def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm
     for pad, fn in ((pad, fn) for pad in pads for fn in (None, *p.variants, *p.graph_forms)):
         if pad and fn in p.graph_forms:
             continue  # a fused SDPA op's form holds no bmm
-        traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
+        try:
+            traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
+        except Exception:  # noqa: BLE001 - the padded chain is an extra form: without it the rule still has its own
+            if not pad:
+                raise
+            log.debug("fusekit: %s (%s, %s): no padded form", p.id, dtype, device, exc_info=True)
+            continue
         forms = [(traced, False)]
         if torch.float32 in p.output_casts and dtype != torch.float32:
             cast = _downcast_root(traced, dtype)

@@ -59,3 +59,24 @@ def test_padded_form_matches_other_pad_amounts():
     root = next(n for n in crop.graph.nodes if n.op == "output").args[0]
     root = root[0] if isinstance(root, (list, tuple)) else root
     assert not pm.is_match(plain_expr.match(root)), "a slice of an unpadded product keeps its literal end"
+
+
+def test_a_padded_trace_that_fails_leaves_the_rule_its_own_forms(monkeypatch):
+    """On CUDA the padded chain is an extra form: if tracing it fails, the rule keeps the unpadded ones."""
+    from fusion_backend import forms, table
+
+    p = table.by_id("attention.sdpa_math_no_mask")
+    real = forms.trace_search_pattern_and_forms
+    calls = []
+
+    def trace(p_, dtype, device, fn=None, pad=None):
+        calls.append(pad)
+        if pad:
+            raise RuntimeError("no padded chain here")
+        return real(p_, dtype, "cpu", fn)  # (no GPU here: the CPU chain stands in for CUDA's)
+
+    monkeypatch.setattr(forms, "trace_search_pattern_and_forms", trace)
+    got = forms._trace_forms(p, torch.float32, "cuda")
+    assert calls[0] is False and True in calls
+    want = forms._trace_forms(p, torch.float32, "cpu")
+    assert [pm.PatternPrettyPrinter.run(f.expr) for f in got] == [pm.PatternPrettyPrinter.run(f.expr) for f in want]
