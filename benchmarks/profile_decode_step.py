@@ -47,6 +47,19 @@ def kernels(step, n=5):
     return table + "\n" + "\n".join(lines)
 
 
+def masks(b, s, pos, dtype):
+    """A static cache's causal mask at `pos`: bool (True = attend) and additive, as transformers builds it
+    in bf16 (hidden = -65536)."""
+    keep = (torch.arange(s, device="cuda") <= pos).view(1, 1, 1, s).expand(b, 1, 1, s)
+    return keep, torch.zeros(b, 1, 1, s, device="cuda", dtype=dtype).masked_fill(~keep, -65536.0)
+
+
+def visible_bytes(k, pos):
+    """The K and V bytes a step at `pos` must read: slots 0..pos of every sequence and KV head."""
+    b, hkv, _, d = k.shape
+    return 2 * b * hkv * (pos + 1) * d * k.element_size()
+
+
 def op_kernels(batches, positions, s=4096, hkv=4, hq=16, d=128):
     """us per call of each kernel the op launches, at the Llama-style step's shapes (bf16, transformers' mask)."""
     op = torch.ops.fusekit.decode_attention
@@ -55,8 +68,7 @@ def op_kernels(batches, positions, s=4096, hkv=4, hq=16, d=128):
         v = torch.randn_like(k)
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=k.dtype).transpose(1, 2)
         for pos in positions:
-            keep = (torch.arange(s, device="cuda") <= pos).view(1, 1, 1, s).expand(b, 1, 1, s)
-            bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=k.dtype).masked_fill(~keep, -65536.0)
+            _, bias = masks(b, s, pos, k.dtype)
             for _ in range(5):
                 op(q, k, v, bias, 0.088)
             torch.cuda.synchronize()
@@ -66,7 +78,7 @@ def op_kernels(batches, positions, s=4096, hkv=4, hq=16, d=128):
                 torch.cuda.synchronize()
             parts = [(e.key.split("(")[0].split("::")[-1].split("<")[0], e.self_device_time_total / e.count)
                      for e in prof.key_averages() if e.count >= 20 and e.self_device_time_total > 0]
-            vis = 2 * b * hkv * (pos + 1) * d * k.element_size()
+            vis = visible_bytes(k, pos)
             print(f"op b{b} @{pos}: " + ", ".join(f"{n} {us:.1f} us" for n, us in parts)
                   + f"; total {sum(us for _, us in parts):.1f} us for {vis / 1e6:.1f} MB visible", flush=True)
 
@@ -100,16 +112,15 @@ def main():
     # the op alone at the step's shapes: 16 query heads over 4 KV heads, head dim 128, bf16
     lay = st.cache.layers[0]
     k, v = lay.keys, lay.values
-    b, hkv, s, d = k.shape
+    b, _, s, d = k.shape
     q = torch.randn(b, 1, 16, d, device="cuda", dtype=k.dtype).transpose(1, 2)
     op = torch.ops.fusekit.decode_attention
     bw = decode_bench.copy_bandwidth("cuda")
     for pos in sorted({128, a.position, 2048, 4000}):  # the op alone, L2 flushed between calls (do_bench)
-        keep = (torch.arange(s, device="cuda") <= pos).view(1, 1, 1, s).expand(b, 1, 1, s)
-        bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=k.dtype).masked_fill(~keep, -65536.0)  # transformers'
+        keep, bias = masks(b, s, pos, k.dtype)
         ms = do_bench(lambda m=bias: op(q, k, v, m, 0.088), warmup=25, rep=200, return_mode="median")
         msb = do_bench(lambda m=keep: op(q, k, v, m, 0.088), warmup=25, rep=200, return_mode="median")
-        vis = 2 * b * hkv * (pos + 1) * d * k.element_size()
+        vis = visible_bytes(k, pos)
         print(f"decode_attention alone @{pos}: {ms * 1e3:.1f} us (bool mask {msb * 1e3:.1f} us); visible KV "
               f"{vis / 1e6:.1f} MB -> floor {vis / bw * 1e6:.1f} us ({vis / bw * 1e3 / ms:.0%} of floor); "
               f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)

@@ -117,9 +117,8 @@ def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm
     # On CUDA, Inductor's pad_mm may or may not pad a misaligned bmm, by benchmark: a rule traced through
     # Inductor gets the chain as it is without padding and with it (forced), whatever this machine measures.
     pads = (False, True) if p.trace == "inductor" and device == "cuda" else (None,)
-    for pad, fn in ((pad, fn) for pad in pads for fn in (None, *p.variants, *p.graph_forms)):
-        if pad and fn in p.graph_forms:
-            continue  # a fused SDPA op's form holds no bmm
+    # (a fused SDPA op's graph form holds no bmm to pad)
+    for pad, fn in [(pad, fn) for pad in pads for fn in (None, *p.variants, *(() if pad else p.graph_forms))]:
         try:
             traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
         except Exception:  # noqa: BLE001 - the padded chain is an extra form: without it the rule still has its own
