@@ -1,4 +1,5 @@
-"""Build, cache and load the CUDA kernels in csrc/ (``fusekit_cuda``).
+"""Build, cache and load the CUDA kernels in csrc/ (``fusekit_cuda``): one ``csrc/<family>/<op>.cu`` per op,
+in a folder named after its pattern family, and the headers they share at the top (``fusekit.h``).
 
 Built at install time where the install can (setup.py: ``pip install --no-build-isolation`` with a CUDA
 build of torch and nvcc), ahead of time with ``python -m fusion_backend.build``, else on first use, with
@@ -45,7 +46,7 @@ def csrc_dir() -> pathlib.Path | None:
     roots = list(spec.submodule_search_locations or []) if spec else []
     roots.append(str(pathlib.Path(__file__).resolve().parent.parent / "csrc"))
     for r in roots:
-        if any(pathlib.Path(r).glob("*.cu")):
+        if any(pathlib.Path(r).glob("*/*.cu")):
             return pathlib.Path(r)
     return None
 
@@ -101,25 +102,30 @@ def skip_reason(src: pathlib.Path, arch: str) -> str | None:
     return None
 
 
+def kernel_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """csrc/<family>/*.cu, sorted."""
+    return sorted(root.glob("*/*.cu"))
+
+
 def sources(root: pathlib.Path, arch: str = "any") -> list[pathlib.Path]:
     """The kernel files that can be built for `arch` here."""
-    return [f for f in sorted(root.glob("*.cu")) if skip_reason(f, arch) is None]
+    return [f for f in kernel_files(root) if skip_reason(f, arch) is None]
 
 
 def skipped(arch: str, root: pathlib.Path | None = None) -> dict[str, str]:
-    """{kernel file: why it is not built for `arch`}."""
+    """{kernel file, as family/op.cu: why it is not built for `arch`}."""
     root = root or csrc_dir()
     if root is None:
         return {}
-    return {f.name: why for f in sorted(root.glob("*.cu")) if (why := skip_reason(f, arch))}
+    return {f.relative_to(root).as_posix(): why for f in kernel_files(root) if (why := skip_reason(f, arch))}
 
 
 def build_dir(root: pathlib.Path, arch: str) -> pathlib.Path:
     h = hashlib.sha256()
-    for f in sorted([*root.glob("*.cu"), *root.glob("*.h"), *root.glob("*.cuh")]):
-        h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".cu", ".h", ".cuh")):
+        h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
     h.update(repr((CXX_FLAGS, CUDA_FLAGS, torch.__version__, torch.version.cuda, arch,
-                   [f.name for f in sources(root, arch)], cutlass_include())).encode())
+                   [f.relative_to(root).as_posix() for f in sources(root, arch)], cutlass_include())).encode())
     cache = pathlib.Path(os.environ.get("FUSEKIT_CACHE", "~/.cache/fusekit")).expanduser()
     return cache / f"torch{torch.__version__}-cu{torch.version.cuda}-sm{arch}-{h.hexdigest()[:16]}"
 
@@ -195,8 +201,8 @@ def missing_cuda_kernel(op: str, device: torch.device) -> str | None:
     if device_arch(device.index) != st.arch:
         return f"kernels built for sm_{st.arch}, device is sm_{device_arch(device.index)}"
     if not has_cuda_kernel(op):
-        why = skipped(st.arch or "any").get(f"{op}.cu")
-        return f"fusekit::{op} has no CUDA kernel" + (f" here: {op}.cu {why}" if why else " yet")
+        why = next(((f, w) for f, w in skipped(st.arch or "any").items() if f.endswith(f"/{op}.cu")), None)
+        return f"fusekit::{op} has no CUDA kernel" + (f" here: {why[0]} {why[1]}" if why else " yet")
     return None
 
 

@@ -6,6 +6,7 @@ dtype, device and scalar guards; the table adds shape, stride and contiguity gua
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any, Callable
@@ -16,7 +17,6 @@ from torch._inductor import pattern_matcher as pm
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _ext, ops
-from .stats import active_run
 
 aten = torch.ops.aten
 
@@ -273,26 +273,23 @@ def fits(p: "Pattern", match: pm.Match, run: Any) -> bool:
         return False
 
 
-def guard_fn(p: "Pattern") -> Callable[[pm.Match], bool]:
-    """The `extra_check` of every entry of `p`: all guards pass, or the first failure is recorded."""
-    def extra_check(match: pm.Match) -> bool:
-        run = active_run()
-        if run is None or p.id not in run.record.enabled:
+def check_site(p: "Pattern", match: pm.Match, run: Any) -> bool:
+    """Whether `run` may rewrite this site with `p`: the rule is enabled and every guard passes; else the
+    first failing guard is recorded as a near miss."""
+    if p.id not in run.record.enabled:
+        return False
+    anchor = match.output_nodes()[0]
+    site = Site(match, run)
+    for g in all_guards(p):
+        reason = g.check(site)
+        if reason is not None:
+            if not g.quiet:
+                run.near_miss(p.id, anchor, f"{g.name}: {reason}")
             return False
-        anchor = match.output_nodes()[0]
-        site = Site(match, run)
-        for g in all_guards(p):
-            reason = g.check(site)
-            if reason is not None:
-                if not g.quiet:
-                    run.near_miss(p.id, anchor, f"{g.name}: {reason}")
-                return False
-        from .stats import describe
+    from .stats import describe
 
-        run.current_site = f"graph {run.record.graph_id}: {describe(anchor)}"
-        return True
-
-    return extra_check
+    run.current_site = f"graph {run.record.graph_id}: {describe(anchor)}"
+    return True
 
 
 class SiteFailure(Exception):
@@ -303,38 +300,35 @@ class SiteFailure(Exception):
         self.pattern, self.node, self.exc = pattern, node, exc
 
 
-def harden_entries(p: "Pattern", pass_: pm.PatternMatcherPass,
-                   precheck: Callable[[pm.Match], bool] | None = None) -> None:
-    """An exception while checking a site skips that site; one while rewriting aborts the rewrite
-    (the pass then restores the graph). Either way it is recorded, never raised into torch.compile.
-    `precheck` (the rule's guards) runs first, on the match as found: a site it rejects never reaches
-    Inductor's own check, which makes fake tensors of every argument and matches again."""
-    for entries in pass_.patterns.values():
-        for e in entries:
-            if getattr(e, "_fusekit_hardened", False):
-                continue
-            check, apply = e.extra_check, e.apply
+def bind(p: "Pattern", entry: pm.PatternEntry, run: Any) -> pm.PatternEntry:
+    """`entry` (made once per process) for one pass over one graph: its check runs `p`'s guards with `run`
+    first, on the match as found (a site they reject never reaches Inductor's own check, which makes fake
+    tensors of every argument and matches again), and records what happens in `run`. An exception while
+    checking a site skips that site; one while rewriting aborts the rewrite (the pass then restores the
+    graph). Either way it is recorded, never raised into torch.compile."""
+    check, apply = entry.extra_check, entry.apply
 
-            def safe_check(match: pm.Match, _check: Any = check) -> bool:
-                try:
-                    return (precheck is None or bool(precheck(match))) and bool(_check(match))
-                except Exception as exc:  # noqa: BLE001 - any failure here only skips the site
-                    run = active_run()
-                    if run is not None:
-                        run.error(p.id, match.output_nodes()[0], exc)
-                    return False
+    def bound_check(match: pm.Match) -> bool:
+        try:
+            return check_site(p, match, run) and bool(check(match))
+        except Exception as exc:  # noqa: BLE001 - any failure here only skips the site
+            run.error(p.id, match.output_nodes()[0], exc)
+            return False
 
-            def safe_apply(match: pm.Match, graph: Any, node: Any, _apply: Any = apply) -> None:
-                run = active_run()
-                if run is not None:
-                    run.replaced.update((n, p.id) for n in match.nodes)
-                try:
-                    _apply(match, graph, node)
-                except Exception as exc:  # noqa: BLE001
-                    raise SiteFailure(p.id, node, exc) from exc
-                if run is not None:
-                    run.record.sites[p.id] += 1
-                    run.record.nodes_replaced[p.id] += len({n for n in match.nodes if n.op == "call_function"})
-                    run.record.fused_sites.append((p.id, run.current_site))
+    def bound_apply(match: pm.Match, graph: Any, node: Any) -> None:
+        run.replaced.update((n, p.id) for n in match.nodes)
+        try:
+            apply(match, graph, node)
+        except Exception as exc:  # noqa: BLE001
+            raise SiteFailure(p.id, node, exc) from exc
+        if run.options.verify:  # the replacement leaves the site's name to the pass, which knows it
+            for v in graph.find_nodes(op="call_function", target=torch.ops.fusekit.verify.default):
+                if v.args[4] == "":
+                    v.update_arg(4, run.current_site)
+        run.record.sites[p.id] += 1
+        run.record.nodes_replaced[p.id] += len({n for n in match.nodes if n.op == "call_function"})
+        run.record.fused_sites.append((p.id, run.current_site))
 
-            e.extra_check, e.apply, e._fusekit_hardened = safe_check, safe_apply, True
+    bound = copy.copy(entry)
+    bound.extra_check, bound.apply = bound_check, bound_apply  # (apply: an instance attribute over the method)
+    return bound

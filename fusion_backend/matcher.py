@@ -21,7 +21,7 @@ from torch._inductor import pattern_matcher as pm
 from . import guards as G
 from . import forms, registry, tracing, table
 from .registry import Pattern
-from .stats import active_run
+from .stats import PassRun
 
 Ops = forms.Ops
 
@@ -32,6 +32,7 @@ class Entry:
 
     key: tuple[str, Any]                      # (op, target) of the node it is anchored at
     entry: pm.PatternEntry
+    pattern_id: str
     order: int                                # its rule's place in the table
     size: int                                 # nodes in the pattern: longer first at one anchor
     ops: frozenset[Ops]                       # each must meet the graph's targets
@@ -69,36 +70,31 @@ def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]]) -> list[tu
 
 
 @functools.cache
-def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> tuple[Entry, ...]:
-    """The entries of one search form, made once per process, on first use."""
+def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, verify: bool) -> tuple[Entry, ...]:
+    """The entries of one search form, made once per process, on first use. They hold no guards: a pass
+    binds them to its run (guards.bind)."""
     p = table.by_id(pattern_id)
     form = forms.search_forms(p, dtype, device)[i]
-    check = _returned(_guards(p)) if form.cast else _guards(p)
     store = pm.PatternMatcherPass()
     pm.register_replacement(p.search_fn(), _replacement_fn(p, tracing.inverse_fns(form.inverse),
-                                                           {"out_dtype": torch.float32} if form.cast else {}),
+                                                           {"out_dtype": torch.float32} if form.cast else {}, verify),
                             list(p.inputs(p.trace_case, dtype, device)), pm.fwd_only, [store],
-                            extra_check=check, scalar_workaround=tracing._dummy_scalars(p),
-                            search_fn_pattern=form.expr, skip_duplicates=True)
-    G.harden_entries(p, store, precheck=check)
+                            scalar_workaround=tracing._dummy_scalars(p), search_fn_pattern=form.expr,
+                            skip_duplicates=True, **({"extra_check": _returned} if form.cast else {}))
     order = table.position(pattern_id)
-    return tuple(Entry(key, e, order, tracing._size(e.pattern), *form.needs)
+    return tuple(Entry(key, e, pattern_id, order, tracing._size(e.pattern), *form.needs)
                  for key, es in store.patterns.items() for e in es)
 
 
-@functools.cache
-def _guards(p: Pattern) -> Callable[[pm.Match], bool]:
-    return G.guard_fn(p)
-
-
-def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex | None = None) -> list[Entry]:
+def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex | None = None,
+            verify: bool = False) -> list[Entry]:
     """The entries of one rule in one dtype on one device; with `index`, only those of the search forms
     that fit that graph (no other form is loaded or made into entries)."""
     p = table.by_id(pattern_id)
     if index is not None and not index.fits(*forms.common_requirements(p, dtype, device)):
         return []
     return [e for i, f in enumerate(forms.search_forms(p, dtype, device))
-            if index is None or index.fits(*f.needs) for e in _form_entries(pattern_id, dtype, device, i)]
+            if index is None or index.fits(*f.needs) for e in _form_entries(pattern_id, dtype, device, i, verify)]
 
 
 @functools.cache
@@ -136,9 +132,10 @@ class FamilyPass:
     attempts: int            # match attempts it will make: entries offered, summed over the graph's nodes
 
 
-def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str],
-                  dtypes: Sequence[tuple[torch.dtype, str]]) -> list[FamilyPass]:
-    """One pass per family of `pattern_ids` (table order), each holding only the entries that fit `graph`."""
+def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str], dtypes: Sequence[tuple[torch.dtype, str]],
+                  run: PassRun) -> list[FamilyPass]:
+    """One pass per family of `pattern_ids` (table order), each holding only the entries that fit `graph`,
+    bound to `run` (its options, and where it records what it did)."""
     index = GraphIndex(graph)
     out: dict[str, FamilyPass] = {}
     chosen: dict[str, list[Entry]] = {}
@@ -147,11 +144,11 @@ def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str],
         fp = out.setdefault(family, FamilyPass(family, [], pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0))
         fp.pattern_ids.append(pid)
         for dtype, device in rule_pairs(table.by_id(pid), dtypes):
-            chosen.setdefault(family, []).extend(entries(pid, dtype, device, index))
+            chosen.setdefault(family, []).extend(entries(pid, dtype, device, index, run.options.verify))
     for family, es in chosen.items():
         patterns = out[family].pass_.patterns
         for e in sorted(es, key=lambda e: (e.order, -e.size)):  # stable: registration order breaks ties
-            patterns[e.key].append(e.entry)
+            patterns[e.key].append(G.bind(table.by_id(e.pattern_id), e.entry, run))
     for fp in out.values():
         fp.attempts = sum(len(fp.pass_.patterns.get((n.op, n.target), ())) for n in graph.nodes)
     return list(out.values())
@@ -180,31 +177,26 @@ def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dt
 
 # ---- replacements -------------------------------------------------------------------------------
 def _replacement_fn(pattern: Pattern, inverse: Mapping[str, Callable[[Any], Any]] = {},
-                    static: Mapping[str, Any] = {}) -> Callable[..., Any]:
+                    static: Mapping[str, Any] = {}, verify: bool = False) -> Callable[..., Any]:
     def replace(*args: Any) -> Any:
         args = [inverse[n](a) if n in inverse else a for n, a in zip(pattern.arg_names, args)]
         out = registry.call_op(pattern, args, static)
-        run = active_run()
-        if run is not None and run.options.verify:
-            out = _verified(pattern, args, out, run.current_site)
-        return out
+        return _verified(pattern, args, out) if verify else out
 
     return registry._with_signature(replace, pattern.arg_names)
 
 
-def _verified(pattern: Pattern, args: Sequence[Any], out: Any, site: str) -> Any:
+def _verified(pattern: Pattern, args: Sequence[Any], out: Any) -> Any:
+    """`out` through fusekit::verify; its site ("" here) is filled in by the pass (guards.bind)."""
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     tensors = [a if isinstance(a, Tensor) else None for a in args]
     floats = [0.0 if isinstance(a, Tensor) else float(a) for a in args]
-    checked = torch.ops.fusekit.verify(outs, tensors, floats, pattern.id, site)
+    checked = torch.ops.fusekit.verify(outs, tensors, floats, pattern.id, "")
     return tuple(checked) if isinstance(out, (tuple, list)) else checked[0]
 
 
-def _returned(check: Callable[[pm.Match], bool]) -> Callable[[pm.Match], bool]:
-    """`check`, and the match's result is only returned from the graph: an fp32 result that feeds more work
-    is read back by Inductor's kernel for it, and fp32 costs that kernel twice the bytes of 16 bits."""
-    def extra_check(match: pm.Match) -> bool:
-        out = match.output_nodes()[0]
-        return all(u.op == "output" for u in out.users) and check(match)
-
-    return extra_check
+def _returned(match: pm.Match) -> bool:
+    """The match's result is only returned from the graph (the check of a search form with an fp32 cast): an
+    fp32 result that feeds more work is read back by Inductor's kernel for it, and fp32 costs that kernel
+    twice the bytes of 16 bits."""
+    return all(u.op == "output" for u in match.output_nodes()[0].users)

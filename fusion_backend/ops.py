@@ -4,7 +4,7 @@ typed Python wrappers.
 Schemas and fakes live here, in Python, so the pattern engine can trace replacements and CPU CI can run
 everything with no extension. The CPU kernel of each op is the unfused reference function of the
 pattern(s) that use it (registered by ``registry.register_cpu_references``); the CUDA kernel is bound
-from ``csrc/<op>.cu`` with ``TORCH_LIBRARY_IMPL(fusekit, CUDA, m)`` when the extension is built.
+from ``csrc/<family>/<op>.cu`` with ``TORCH_LIBRARY_IMPL(fusekit, CUDA, m)`` when the extension is built.
 
 NOTE (tensor scalars): a float parameter ``s`` comes with a keyword-only companion ``Tensor? s_t`` (except
 the pattern's ``literals``, such as an eps, which must be Python numbers). After

@@ -24,7 +24,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _ext, guards, matcher, registry, table
 from .guards import SiteFailure
-from .stats import NearMiss, PassRun, new_record, publish, running
+from .stats import NearMiss, PassRun, new_record, publish
 
 log = logging.getLogger("fusion_backend")
 _PKG = pathlib.Path(__file__).resolve().parent
@@ -91,16 +91,15 @@ class FusekitPass(CustomGraphPass):
             backup = _snapshot(graph)
             run = PassRun(self.options, record)
             try:
-                with running(run):
-                    enabled = [p for p in self.options.patterns if p not in skip]
-                    record.match_attempts = 0
-                    for fp in matcher.family_passes(graph, enabled, dtypes):
-                        # found before this family's rules take the nodes, recorded after them (a guard's own
-                        # near miss at a site comes first)
-                        misses = _reused_intermediates(graph, run, fp.pattern_ids, dtypes) if report else []
-                        record.match_attempts += fp.attempts
-                        fp.pass_.apply(graph)
-                        _record_misses(run, misses)
+                enabled = [p for p in self.options.patterns if p not in skip]
+                record.match_attempts = 0
+                for fp in matcher.family_passes(graph, enabled, dtypes, run):
+                    # found before this family's rules take the nodes, recorded after them (a guard's own
+                    # near miss at a site comes first)
+                    misses = _reused_intermediates(graph, run, fp.pattern_ids, dtypes) if report else []
+                    record.match_attempts += fp.attempts
+                    fp.pass_.apply(graph)
+                    _record_misses(run, misses)
                 absorb_output_casts(graph, record)
                 return
             except SiteFailure as f:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
 import dataclasses
 import re
 from typing import Any, Iterator
@@ -47,7 +46,7 @@ class GraphRecord:
 
 @dataclasses.dataclass
 class PassRun:
-    """State of one pass over one graph; guards and replacements read it through `active_run()`."""
+    """State of one pass over one graph, handed to the entries it binds (guards.bind)."""
 
     options: Any
     record: GraphRecord
@@ -64,23 +63,9 @@ class PassRun:
         self.record.errors.append(NearMiss.from_exc(pattern, node, exc))
 
 
-_ACTIVE: contextvars.ContextVar[PassRun | None] = contextvars.ContextVar("fusekit_run", default=None)
 _COLLECTORS: list[list[GraphRecord]] = []
 HISTORY: collections.deque[GraphRecord] = collections.deque(maxlen=64)
 _graph_ids = iter(range(1, 1 << 62))
-
-
-def active_run() -> PassRun | None:
-    return _ACTIVE.get()
-
-
-@contextlib.contextmanager
-def running(run: PassRun) -> Iterator[PassRun]:
-    token = _ACTIVE.set(run)
-    try:
-        yield run
-    finally:
-        _ACTIVE.reset(token)
 
 
 def new_record(enabled: tuple[str, ...]) -> GraphRecord:

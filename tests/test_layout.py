@@ -69,3 +69,25 @@ def test_flow_patterns_engine_ops():
     for m in g:  # the pass never reaches the tools (CLI, benchmarks, profiler)
         if not m.startswith("fusion_backend.tools"):
             assert not any(d.startswith("fusion_backend.tools") for d in g[m]), (m, g[m])
+
+
+def test_csrc_folders_are_the_pattern_families():
+    """csrc/<family>/<op>.cu: each op's kernel sits in the folder of the family whose rules call it, and every
+    kernel file binds ops of its own family only (the headers they share stay at the top)."""
+    import re
+
+    from fusion_backend import table
+
+    uses: dict[str, set[str]] = {}
+    for p in table.all_patterns():
+        uses.setdefault(p.id.split(".", 1)[0], set()).add(p.op)
+    folders = {d.name for d in (ROOT / "csrc").iterdir() if d.is_dir()}
+    assert folders == set(uses), (folders, set(uses))
+    assert not list((ROOT / "csrc").glob("*.cu")), "kernels live in their family's folder"
+    for family, op_names in uses.items():
+        bound = set()
+        for f in (ROOT / "csrc" / family).glob("*.cu"):
+            bound |= set(re.findall(r'm\.impl\("(\w+)"', f.read_text()))
+        assert op_names <= bound, (family, op_names - bound)
+        assert bound <= op_names, (family, bound - op_names)
+        assert {f"{op}.cu" for op in op_names} <= {f.name for f in (ROOT / "csrc" / family).glob("*.cu")}

@@ -19,7 +19,7 @@ def test_installed_package_resolves_top_level_patterns():
         "site-packages" in pats.__file__
     assert {"elementwise", "quantize", "batched_matmul"} <= {
         p.stem for p in pathlib.Path(pats.__file__).parent.glob("*.py")}
-    assert _ext.csrc_dir() is not None and any(_ext.csrc_dir().glob("*.cu"))
+    assert _ext.csrc_dir() is not None and any(_ext.csrc_dir().glob("*/*.cu"))
 
 
 def test_build_module_runs_from_a_checkout_not_yet_installed():
@@ -43,7 +43,10 @@ def test_wheel_contains_patterns_and_csrc(tmp_path):
               "fusion_backend/patterns/quantize.py", "fusion_backend/patterns/batched_matmul.py",
               "fusion_backend/backend.py", "fusion_backend/tools/cli.py", "fusion_backend/tools/decode_bench.py"):
         assert f in names, names
-    assert any(n.startswith("fusion_backend/csrc/") and n.endswith(".cu") for n in names), names
+    kernels = {f"fusion_backend/csrc/{p.relative_to(ROOT / 'csrc').as_posix()}" for p in (ROOT / "csrc").rglob("*")
+               if p.suffix in (".cu", ".cuh", ".h")}
+    assert any(k.endswith("/decode/decode_attention.cu") for k in kernels)
+    assert kernels <= set(names), sorted(kernels - set(names))  # every kernel and header, in its family folder
     assert not any(n.startswith("patterns/") for n in names), "patterns must not be a top-level package"
     ep = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(next(tmp_path.glob("fusekit-*.whl"))).read(ep).decode()

@@ -5,7 +5,7 @@
 // [-kMax, kMax] * 2^-47.., and x placed on and 1-2 ulps beside the rounding boundaries (where ties are).
 // Build: as hbm_launch_shapes.cu (torch's headers and libraries, -Icsrc); run: ./div_check [batches=64].
 // Exit status 1 on any mismatch.
-#include "rowquant.cuh"
+#include "quantize/rowquant.cuh"
 
 #include <cstdint>
 #include <cstdio>

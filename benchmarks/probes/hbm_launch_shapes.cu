@@ -1,6 +1,6 @@
 // A torch-free-at-runtime probe of launch shapes for the 1-byte-output kernels at HBM sizes (20M and 50M
 // elements, rows of 4096): static INT8 / FP8 (csrc/fusekit.h's elementwise engine) and per-row / per-column
-// INT8 (csrc/quant_i8_channel.cu), the kernels of csrc/ themselves next to variants (threads per block,
+// INT8 (csrc/quantize/quant_i8_channel.cu), the kernels of csrc/ themselves next to variants (threads per block,
 // vectors or rows per thread, a grid-stride loop), a pure 16-byte copy kernel and cudaMemcpy, all timed the
 // same way in one process: L2 flushed by a 256 MB memset, events around each launch, the median of `reps`
 // launches, `rounds` interleaved rounds (the figure is their median), and one-call CUDA-graph replays of
@@ -22,11 +22,11 @@
 #include "fusekit.h"
 #undef TORCH_LIBRARY_IMPL
 #define TORCH_LIBRARY_IMPL(ns, k, m) [[maybe_unused]] static void C10_CONCATENATE(fkp_unused_, C10_UID)(torch::Library & m)
-#include "quant_fp8.cu"
-#include "quant_i8.cu"
-#include "quant_i8_channel.cu"
-#include "dyn_quant_fp8.cu"
-#include "dyn_quant_i8.cu"
+#include "quantize/quant_fp8.cu"
+#include "quantize/quant_i8.cu"
+#include "quantize/quant_i8_channel.cu"
+#include "quantize/dyn_quant_fp8.cu"
+#include "quantize/dyn_quant_i8.cu"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,14 +1,14 @@
 // A torch-free probe of CUTLASS sm90 GEMM + epilogue configurations (tile, cluster, schedule, epilogue step)
-// for csrc/matmul_epilogue.cu's dispatch: each set builds one shared library on a machine with no GPU, and
+// for csrc/batched_matmul/matmul_epilogue.cu's dispatch: each set builds one shared library on a machine with no GPU, and
 // matmul_configs.py times it on the GPU through ctypes, next to cuBLAS and Inductor, with no build there.
 //   CU=<cutlass>/include; for s in 0 1 2 3 4 5 6 7 8 9 10 11 12; do nvcc -shared -o mm$s.so matmul_configs.cu -DFK_PROBE_SET=$s \
 //     -I$CU -I../../csrc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC; done
 //   python matmul_configs.py mm0.so mm1.so mm2.so mm3.so   # result: benchmarks/results/h200_matmul_configs.txt
-// The epilogue is the kernel's (csrc/matmul_gemm.cuh: LinCombPerColBiasEltAct, runtime activation, SFU forms).
+// The epilogue is the kernel's (csrc/batched_matmul/matmul_gemm.cuh: LinCombPerColBiasEltAct, runtime activation, SFU forms).
 #define NDEBUG 1
 #include <cassert>
 
-#include "matmul_gemm.cuh"  // csrc/: the kernel's RuntimeAct (SFU GELU/SiLU), GemmConfig, gemm_arguments
+#include "batched_matmul/matmul_gemm.cuh"  // csrc/: the kernel's RuntimeAct (SFU GELU/SiLU), GemmConfig, gemm_arguments
 
 using namespace cute;
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSched, class EpiSched,

@@ -4,7 +4,7 @@
 //   def matmul_epilogue_ref(a, b, bias, residual, scale, act, linear):     # with allow_tf32 = True
 //       return ACT[act](matmul(a, b) * scale + bias)                        # residual: added after the kernel
 //
-// Contract: as csrc/matmul_epilogue.cu (which checks the arguments, copies an N-major b K-major, and calls
+// Contract: as csrc/batched_matmul/matmul_epilogue.cu (which checks the arguments, copies an N-major b K-major, and calls
 // this), a, b, bias and out fp32, b K-major.
 // fusekit-build: cutlass sm_90a
 #include "matmul_dispatch.cuh"

@@ -4,7 +4,7 @@
 //   def matmul_epilogue_ref(a, b, bias, residual, scale, act, linear, out_dtype=torch.float32):
 //       return ACT[act](matmul(a, b) * scale + bias).to(torch.float32)   # residual: added after the kernel
 //
-// Contract: as csrc/matmul_epilogue.cu (which checks the arguments and calls these), a and b fp16 or bf16,
+// Contract: as csrc/batched_matmul/matmul_epilogue.cu (which checks the arguments and calls these), a and b fp16 or bf16,
 // bias of their dtype, out fp32. A translation unit of its own so that its CUTLASS instantiations compile
 // in parallel with the others.
 // fusekit-build: cutlass sm_90a

@@ -1,4 +1,4 @@
-// The dispatch of fusekit::matmul_epilogue (csrc/matmul_epilogue.cu): CUTLASS configurations chosen by
+// The dispatch of fusekit::matmul_epilogue (csrc/batched_matmul/matmul_epilogue.cu): CUTLASS configurations chosen by
 // shape, and their launch. Shared by the translation units that instantiate them (split by input and output
 // type, so that they compile in parallel): matmul_epilogue.cu (fp16/bf16 -> same dtype),
 // matmul_epilogue_f32out.cu (fp16/bf16 -> fp32: the output cast), matmul_epilogue_tf32.cu (fp32 -> fp32 on
