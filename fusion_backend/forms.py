@@ -12,7 +12,6 @@ import functools
 import hashlib
 import inspect
 import io
-import logging
 import os
 import pathlib
 import pickle
@@ -27,7 +26,6 @@ from .registry import Pattern
 from .tracing import _clone_variants, _commuted, _downcast_root, _expand_variants, trace_search_pattern_and_forms
 
 
-log = logging.getLogger("fusion_backend")
 Ops = frozenset  # the targets one pattern node accepts (a view, a reshape and an _unsafe_view are one)
 Requirements = tuple[frozenset, frozenset]  # (ops, (parent, argument index, child) edges)
 
@@ -114,18 +112,10 @@ def _common(forms: list[SearchForm]) -> Requirements:
 def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
     out: list[SearchForm] = []
     seen: set[str] = set()
-    # On CUDA, Inductor's pad_mm may or may not pad a misaligned bmm, by benchmark: a rule traced through
-    # Inductor gets the chain as it is without padding and with it (forced), whatever this machine measures.
-    pads = (False, True) if p.trace == "inductor" and device == "cuda" else (None,)
-    # (a fused SDPA op's graph form holds no bmm to pad)
-    for pad, fn in [(pad, fn) for pad in pads for fn in (None, *p.variants, *(() if pad else p.graph_forms))]:
-        try:
-            traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
-        except Exception:  # noqa: BLE001 - the padded chain is an extra form: without it the rule still has its own
-            if not pad:
-                raise
-            log.debug("fusekit: %s (%s, %s): no padded form", p.id, dtype, device, exc_info=True)
-            continue
+    # A rule traced through Inductor is traced with pad_mm off: the pass matches the unpadded graph (unpad.py)
+    pad = False if p.trace == "inductor" and device == "cuda" else None
+    for fn in (None, *p.variants, *p.graph_forms):
+        traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
         forms = [(traced, False)]
         if torch.float32 in p.output_casts and dtype != torch.float32:
             cast = _downcast_root(traced, dtype)

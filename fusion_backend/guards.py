@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 from torch._inductor import pattern_matcher as pm
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _ext, ops
 
@@ -229,39 +228,9 @@ def _short(v: Any) -> str:
     return repr(v)
 
 
-def _padding_problem(s: "Site") -> str | None:
-    """A match through Inductor's pad_mm rewrite (a bmm of zero-padded operands, sliced back) is the
-    unpadded chain only if every pad is a zero pad on the right feeding a (b)mm, and the slices after that
-    (b)mm start at 0 and give back exactly the unpadded product's shape (search forms leave the amounts open)."""
-    mms = (aten.bmm.default, aten.mm.default)
-    for n in s.match.nodes:
-        if n.target is aten.constant_pad_nd.default:
-            pad = n.args[1]
-            value = n.args[2] if len(n.args) > 2 else n.kwargs.get("value", 0)
-            if value != 0 or any(not isinstance(x, int) for x in pad) or any(pad[0::2]) or min(pad) < 0 \
-                    or not all(u.target in mms for u in n.users):
-                return f"{n.name}: not pad_mm's zero padding of a matmul operand ({pad}, {value})"
-        elif n.target in mms and any(getattr(a, "target", None) is aten.constant_pad_nd.default for a in n.args[:2]):
-            a, b = (x.args[0] if getattr(x, "target", None) is aten.constant_pad_nd.default else x for x in n.args[:2])
-            want = (*a.meta["val"].shape[:-1], b.meta["val"].shape[-1])
-            out = n
-            while len(out.users) == 1 and next(iter(out.users)).target is aten.slice.Tensor:
-                out = next(iter(out.users))
-                if (out.args[2] if len(out.args) > 2 else 0) != 0 or (out.args[4] if len(out.args) > 4 else 1) != 1:
-                    return f"{out.name}: a slice of the padded matmul that does not start at 0 with step 1"
-            got = tuple(out.meta["val"].shape)
-            if len(got) != len(want) or not all(statically_known_true(x == y) for x, y in zip(got, want)):
-                return f"{n.name}: the padded matmul is sliced to {tuple(out.meta['val'].shape)}, not {want}"
-    return None
-
-
-_PADDING = Guard("padding_exact", _padding_problem)
-
-
 @functools.cache
 def all_guards(p: "Pattern") -> tuple[Guard, ...]:
-    return (_scalar_guard(p), _dtype_guard(p), _device_guard(p), *p.guards,
-            *((_PADDING,) if p.trace == "inductor" else ()))
+    return (_scalar_guard(p), _dtype_guard(p), _device_guard(p), *p.guards)
 
 
 def fits(p: "Pattern", match: pm.Match, run: Any) -> bool:

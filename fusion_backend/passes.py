@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import _ext, guards, matcher, registry, table
+from . import _ext, guards, matcher, registry, table, unpad
 from .guards import SiteFailure
 from .stats import NearMiss, PassRun, new_record, publish
 
@@ -40,7 +40,8 @@ class FusekitOptions:
 
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
-ENGINE = ("backend", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops", "verify", "_ext")
+ENGINE = ("backend", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops", "verify",
+          "unpad", "_ext")
 
 
 def source_files() -> tuple[str, ...]:
@@ -93,6 +94,7 @@ class FusekitPass(CustomGraphPass):
             try:
                 enabled = [p for p in self.options.patterns if p not in skip]
                 record.match_attempts = 0
+                padded = unpad.strip(graph)  # rules match the unpadded chain; padding goes back where none did
                 for fp in matcher.family_passes(graph, enabled, dtypes, run):
                     # found before this family's rules take the nodes, recorded after them (a guard's own
                     # near miss at a site comes first)
@@ -100,6 +102,7 @@ class FusekitPass(CustomGraphPass):
                     record.match_attempts += fp.attempts
                     fp.pass_.apply(graph)
                     _record_misses(run, misses)
+                unpad.restore(graph, padded)
                 absorb_output_casts(graph, record)
                 return
             except SiteFailure as f:

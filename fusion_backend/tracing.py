@@ -238,31 +238,12 @@ def _shape_wildcards(expr: Any) -> Any:
     def wild(e: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if set(e.fns) & _SHAPE_OPS:
             args = [pm.Ignored() if isinstance(a, (list, tuple)) else a for a in args]
-        # pad_mm's amounts and the ends of the slices back follow the graph's sizes (guards.padding_exact)
-        if aten.constant_pad_nd.default in e.fns:
-            args = [args[0], pm.Ignored(), *args[2:]]
-        elif _slices_padded_mm(e) and len(args) >= 4:
-            args = [*args[:3], pm.Ignored(), *args[4:]]
         kwargs = {k: pm.Ignored() if k == "device" else v for k, v in kwargs.items()}
         # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
         fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns
         return pm.CallFunction(fns, *args, _users=e.users, **kwargs)
 
     return _map_dag(expr, wild)
-
-
-def _slices_padded_mm(e: Any) -> bool:
-    """`e` slices the result of a (b)mm of zero-padded operands (pad_mm's rewrite), directly or after
-    another such slice."""
-    if not (isinstance(e, pm.CallFunction) and aten.slice.Tensor in e.fns and e.args):
-        return False
-    src = e.args[0]
-    if not isinstance(src, pm.CallFunction):
-        return False
-    if aten.slice.Tensor in src.fns:
-        return _slices_padded_mm(src)
-    return bool({aten.bmm.default, aten.mm.default} & set(src.fns)) and any(
-        isinstance(a, pm.CallFunction) and aten.constant_pad_nd.default in a.fns for a in src.args)
 
 
 def _clone_variants(expr: Any) -> list[Any]:

@@ -1,24 +1,22 @@
-"""Inductor's pad_mm rewrite (zero-pad a misaligned bmm's operands on CUDA, slice the result back) is decided
-by an on-device benchmark, so the rules traced through Inductor carry a padded search form too, whose pad
-amounts are left open; `padding_exact` then accepts a match only where the slices give back the unpadded
-product. Both halves are checked here on CPU with hand-written pad_mm graphs."""
-import types
-
+"""Inductor's pad_mm rewrite (zero-pad a misaligned bmm's operands on CUDA, slice the product back) is decided
+per matmul by an on-device benchmark, so a rule's chain may arrive with any of its matmuls padded. The pass
+matches the unpadded graph (unpad.strip) and pads again every matmul no rule took (unpad.restore). Checked
+here on CPU with pad_mm's rewrite applied by hand to the graphs Inductor hands the pass."""
 import torch
-from torch._inductor import pattern_matcher as pm
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from fusion_backend import guards, tracing
+from fusion_backend import stats, table, tracing, unpad
+from fusion_backend.passes import FusekitOptions, FusekitPass
 
 aten = torch.ops.aten
 
 
-def padded_bmm(a, b, pm_=3, pk=0, pn=5, m=None, n=None):
+def padded_bmm(a, b, pm_=3, pk=0, pn=5, m=None, n=None, value=0.0, left=0):
     """pad_mm's rewrite of bmm(a, b): the operands zero-padded on the right, the product sliced back."""
-    ap = aten.constant_pad_nd.default(a, [0, pk, 0, pm_])
+    ap = aten.constant_pad_nd.default(a, [0, pk, left, pm_], value)
     bp = aten.constant_pad_nd.default(b, [0, pn, 0, pk])
     out = aten.bmm.default(ap, bp)
-    out = aten.slice.Tensor(out, 1, 0, a.shape[1] if m is None else m)
+    out = aten.slice.Tensor(out, 1, left, left + (a.shape[1] if m is None else m))
     return aten.slice.Tensor(out, 2, 0, b.shape[2] if n is None else n)
 
 
@@ -26,57 +24,86 @@ def _graph(fn, *shapes):
     return make_fx(fn, tracing_mode="fake")(*(torch.randn(s) for s in shapes))
 
 
-def _site(gm):
-    return types.SimpleNamespace(match=types.SimpleNamespace(nodes=list(gm.graph.nodes)))
+def _count(gm, target):
+    return len(gm.graph.find_nodes(op="call_function", target=target))
 
 
-def test_padding_exact_accepts_pad_mm_and_rejects_a_crop():
-    ok = _graph(lambda a, b: padded_bmm(a, b), (2, 5, 8), (2, 8, 11))
-    assert guards._padding_problem(_site(ok)) is None
-    assert torch.equal(padded_bmm(torch.ones(2, 5, 8), torch.ones(2, 8, 11)), torch.ones(2, 5, 8) @ torch.ones(2, 8, 11))
-    cropped = _graph(lambda a, b: padded_bmm(a, b, n=7), (2, 5, 8), (2, 8, 11))
-    assert "sliced to" in guards._padding_problem(_site(cropped))
-    nonzero = _graph(lambda a, b: aten.bmm.default(aten.constant_pad_nd.default(a, [0, 0, 0, 3], 1.0), b)[:, :5],
-                     (2, 5, 8), (2, 8, 11))
-    assert "zero padding" in guards._padding_problem(_site(nonzero))
-    left = _graph(lambda a, b: aten.bmm.default(aten.constant_pad_nd.default(a, [0, 0, 3, 0]), b)[:, 3:],
-                  (2, 5, 8), (2, 8, 11))
-    assert guards._padding_problem(_site(left)) is not None
+def test_strip_makes_pad_mm_plain_and_restore_pads_again():
+    a, b = torch.randn(2, 5, 8), torch.randn(2, 8, 11)
+    gm = _graph(lambda a, b: torch.softmax(padded_bmm(a, b, pk=8), -1), a.shape, b.shape)
+    want = gm(a, b)
+    records = unpad.strip(gm.graph)
+    assert len(records) == 1 and _count(gm, aten.constant_pad_nd.default) == 0 and _count(gm, aten.slice.Tensor) == 0
+    assert records[0].plain.meta["val"].shape == (2, 5, 11)
+    gm.recompile()
+    torch.testing.assert_close(gm(a, b), want)
+    assert unpad.restore(gm.graph, records) == 1
+    assert _count(gm, aten.constant_pad_nd.default) == 2 and _count(gm, aten.slice.Tensor) == 2
+    gm.graph.lint()
+    gm.recompile()
+    torch.testing.assert_close(gm(a, b), want)
 
 
-def test_padded_form_matches_other_pad_amounts():
-    traced = _graph(lambda a, b: torch.softmax(padded_bmm(a, b), -1), (2, 5, 8), (2, 8, 11))
-    expr = tracing._shape_wildcards(pm.fx_to_pattern(traced, argnames=["a", "b"]))
-    other = _graph(lambda a, b: torch.softmax(padded_bmm(a, b, pm_=1, pn=2), -1), (2, 7, 8), (2, 8, 14))
-    root = next(n for n in other.graph.nodes if n.op == "output").args[0]
-    root = root[0] if isinstance(root, (list, tuple)) else root
-    assert pm.is_match(expr.match(root)), "the padded form binds pad amounts and slice ends of any size"
-    plain = _graph(lambda a, b: torch.softmax(aten.slice.Tensor(aten.bmm.default(a, b), 2, 0, 4), -1),
-                   (2, 5, 8), (2, 8, 11))
-    plain_expr = tracing._shape_wildcards(pm.fx_to_pattern(plain, argnames=["a", "b"]))
-    crop = _graph(lambda a, b: torch.softmax(aten.slice.Tensor(aten.bmm.default(a, b), 2, 0, 6), -1),
-                  (2, 5, 8), (2, 8, 11))
-    root = next(n for n in crop.graph.nodes if n.op == "output").args[0]
-    root = root[0] if isinstance(root, (list, tuple)) else root
-    assert not pm.is_match(plain_expr.match(root)), "a slice of an unpadded product keeps its literal end"
+def test_strip_leaves_what_is_not_the_unpadded_product():
+    for fn in (lambda a, b: padded_bmm(a, b, n=7),              # cropped: fewer columns than the product
+               lambda a, b: padded_bmm(a, b, value=1.0),        # padded with ones
+               lambda a, b: padded_bmm(a, b, left=3)):          # padded on the left
+        gm = _graph(fn, (2, 5, 8), (2, 8, 11))
+        assert unpad.strip(gm.graph) == [], gm.code
 
 
-def test_a_padded_trace_that_fails_leaves_the_rule_its_own_forms(monkeypatch):
-    """On CUDA the padded chain is an extra form: if tracing it fails, the rule keeps the unpadded ones."""
-    from fusion_backend import forms, table
+def _pad_mms(gm, which):
+    """pad_mm's rewrite applied to the `which`-th bmms of `gm` (in graph order), dims padded to multiples of 8."""
+    bmms = gm.graph.find_nodes(op="call_function", target=aten.bmm.default)
+    for i in which:
+        mm = bmms[i]
+        a, b = mm.args
+        (_, m, k), n = a.meta["val"].shape, b.meta["val"].shape[-1]
+        pm_, pk, pn = (-m) % 8, (-k) % 8 or 8, (-n) % 8
+        with gm.graph.inserting_before(mm):
+            pa = gm.graph.call_function(aten.constant_pad_nd.default, (a, [0, pk, 0, pm_]))
+            pb = gm.graph.call_function(aten.constant_pad_nd.default, (b, [0, pn, 0, pk]))
+            pa.meta["val"] = aten.constant_pad_nd.default(a.meta["val"], [0, pk, 0, pm_])
+            pb.meta["val"] = aten.constant_pad_nd.default(b.meta["val"], [0, pn, 0, pk])
+            big = gm.graph.call_function(aten.bmm.default, (pa, pb))
+            big.meta["val"] = aten.bmm.default(pa.meta["val"], pb.meta["val"])
+            s1 = gm.graph.call_function(aten.slice.Tensor, (big, 1, 0, m))
+            s1.meta["val"] = big.meta["val"][:, :m]
+            s2 = gm.graph.call_function(aten.slice.Tensor, (s1, 2, 0, n))
+            s2.meta["val"] = s1.meta["val"][:, :, :n]
+        mm.replace_all_uses_with(s2)
+        gm.graph.erase_node(mm)
+    gm.recompile()
+    return gm
 
-    p = table.by_id("attention.sdpa_math_no_mask")
-    real = forms.trace_search_pattern_and_forms
-    calls = []
 
-    def trace(p_, dtype, device, fn=None, pad=None):
-        calls.append(pad)
-        if pad:
-            raise RuntimeError("no padded chain here")
-        return real(p_, dtype, "cpu", fn)  # (no GPU here: the CPU chain stands in for CUDA's)
+def _run_pass(gm, pattern_ids):
+    with stats.collect() as records:
+        FusekitPass(FusekitOptions(tuple(pattern_ids), forced=tuple(pattern_ids), cpu_reference=True))(gm.graph)
+    gm.recompile()
+    return records[-1]
 
-    monkeypatch.setattr(forms, "trace_search_pattern_and_forms", trace)
-    got = forms._trace_forms(p, torch.float32, "cuda")
-    assert calls[0] is False and True in calls
-    want = forms._trace_forms(p, torch.float32, "cpu")
-    assert [pm.PatternPrettyPrinter.run(f.expr) for f in got] == [pm.PatternPrettyPrinter.run(f.expr) for f in want]
+
+def test_a_rule_fires_whichever_of_its_matmuls_pad_mm_padded():
+    p = table.by_id("attention.softmax_chain")
+    args = p.make_args(p.cases[-1], torch.float16, "cpu")  # (the rule takes 16-bit dtypes)
+    want = p.eager(*args)
+    for which in ((0,), (1,), (0, 1)):
+        gm = _pad_mms(tracing.post_grad_graph(p.search_fn(), args, pad=False), which)
+        rec = _run_pass(gm, [p.id])
+        assert rec.sites[p.id] == 1, (which, rec)
+        assert _count(gm, aten.constant_pad_nd.default) == 0 and _count(gm, aten.bmm.default) == 0
+        torch.testing.assert_close(gm(*args), want, atol=2e-3, rtol=2e-3, equal_nan=True)  # (fully masked rows: NaN, as the chain gives)
+
+
+def test_padding_goes_back_where_no_rule_fires():
+    p = table.by_id("attention.softmax_chain")
+    args = p.make_args(p.cases[-1], torch.float16, "cpu")  # (the rule takes 16-bit dtypes)
+    gm = _pad_mms(tracing.post_grad_graph(p.search_fn(), args, pad=False), (0, 1))
+    before = gm.code
+    rec = _run_pass(gm, ["elementwise.mul_add"])  # a rule that takes nothing here
+    assert sum(rec.sites.values()) == 0 and not rec.errors, rec
+    assert _count(gm, aten.constant_pad_nd.default) == 4 and _count(gm, aten.bmm.default) == 2
+    gm.graph.lint()
+    assert gm.code.count("constant_pad_nd") == before.count("constant_pad_nd")
+    torch.testing.assert_close(gm(*args), p.eager(*args), atol=2e-3, rtol=2e-3, equal_nan=True)  # (fully masked rows: NaN, as the chain gives)
