@@ -91,3 +91,39 @@ def test_csrc_folders_are_the_pattern_families():
         assert op_names <= bound, (family, op_names - bound)
         assert bound <= op_names, (family, bound - op_names)
         assert {f"{op}.cu" for op in op_names} <= {f.name for f in (ROOT / "csrc" / family).glob("*.cu")}
+
+
+def test_a_new_family_is_files_in_patterns_only(tmp_path):
+    """A family whose rule reuses an op: a new patterns/<family>.py and one line in patterns/__init__.py, no
+    engine file; the rule is then found, matched and fused (a copy of patterns/ holds the change)."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "patterns", tmp_path / "patterns")
+    (tmp_path / "patterns" / "residual.py").write_text(
+        "from fusion_backend import guards as G\n"
+        "from fusion_backend.registry import Pattern\n"
+        "from .elementwise import _like, mul_add_ref\n\n"
+        "PATTERNS = [Pattern('residual.gate_add', reference=mul_add_ref, op='mul_add', inputs=_like(3),\n"
+        "                    guards=(G.same_shape('q', 'k', 'v'), G.contiguous('q', 'k', 'v')))]\n")
+    init = tmp_path / "patterns" / "__init__.py"
+    text = init.read_text()
+    assert "*QUANTIZE, *ELEMENTWISE]" in text
+    init.write_text("from .residual import PATTERNS as RESIDUAL\n" + text.replace(
+        "*QUANTIZE, *ELEMENTWISE]", "*QUANTIZE, *RESIDUAL, *ELEMENTWISE]"))
+    code = (
+        "import importlib, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in getattr(f, '__name__', '')]\n"
+        f"sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]\n"
+        "sys.modules['fusion_backend.patterns'] = importlib.import_module('patterns')\n"
+        "import torch, fusion_backend\n"
+        "x = [torch.randn(4, 8) for _ in range(3)]\n"
+        "rep = fusion_backend.explain(lambda q, k, v: q * k + v, *x,\n"
+        "    options={'cpu_reference': True, 'patterns': ['residual.gate_add']})\n"
+        "torch.testing.assert_close(rep.output, x[0] * x[1] + x[2])\n"
+        "print(rep.sites['residual.gate_add'])\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "FUSEKIT_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "1", r.stdout[-500:]
