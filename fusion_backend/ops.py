@@ -57,6 +57,8 @@ SCHEMAS = {
     "attention": "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool safe) -> Tensor",
     # attention of a few query rows against a KV cache of grouped heads: q [B,Hq,Lq,D], k/v [B,Hkv,S,D]
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
+    # the linears of a decode step (few rows): x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T)
+    "decode_linear": "decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor",
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": (
         "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
@@ -67,7 +69,7 @@ ANY_STRIDES = {"attention", "decode_attention", "matmul_epilogue"}
 # Ops whose output takes the layout of their first input (the fake's empty_like), not a contiguous one.
 OUT_LIKE_FIRST = {"attention", "decode_attention"}
 # Ops whose CUDA kernel takes fewer dtypes than their rules (which also run on CPU): the rest stay Inductor's.
-CUDA_DTYPES = {"decode_attention": (torch.float16, torch.bfloat16)}
+CUDA_DTYPES = {"decode_attention": (torch.float16, torch.bfloat16), "decode_linear": (torch.float16, torch.bfloat16)}
 for _name, _schema in SCHEMAS.items():
     LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
 
@@ -198,6 +200,15 @@ def _(q, k, v, mask, scale):
                  lambda: f"decode_attention: want q [B,Hq,Lq,D], k/v [B,Hkv,S,D], Hq % Hkv == 0; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     return torch.empty_like(q)  # q's layout, as for attention
+
+
+@torch.library.register_fake("fusekit::decode_linear")
+def _(x, w, w2, act):
+    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1],
+                 lambda: f"decode_linear: want x [..., K], w [N, K]; got {tuple(x.shape)}, {tuple(w.shape)}")
+    torch._check((act == "silu_mul") == (w2 is not None) and act in ("none", "silu_mul"),
+                 lambda: f"decode_linear: act {act!r} with w2 {'given' if w2 is not None else 'None'}")
+    return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
 
 
 @torch.library.register_fake("fusekit::verify")

@@ -80,8 +80,10 @@ def _with_reused_intermediate(fn, args):
     gm = fwd_only(fn, args)  # decomposed as Inductor sees it, so single-op references have intermediates
     out = next(n for n in gm.graph.nodes if n.op == "output")
     # (not a view such as matmul's expand of an operand: a reused view costs nothing and the rule may fire)
-    first = next(n for n in gm.graph.nodes if n.op == "call_function" and out not in n.users
-                 and n.target not in _VIEWS)
+    first = next((n for n in gm.graph.nodes if n.op == "call_function" and out not in n.users
+                  and n.target not in _VIEWS), None)
+    if first is None:
+        pytest.skip("one op and its views: no intermediate to reuse")
     out.args = ((*out.args[0], first) if isinstance(out.args[0], (tuple, list)) else (out.args[0], first),)
     gm.recompile()
     return gm

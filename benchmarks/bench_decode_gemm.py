@@ -1,0 +1,170 @@
+"""The decode_gemm rules side by side at the linears of the benchmark models' decode steps: eager (cuBLAS),
+Inductor, fusekit (compiled; the rule fires where its guards let it) and the op called directly (every row
+count, and each columns-per-CTA setting with --sweep), against the weight bytes at the copy bandwidth.
+
+    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,16,32,64] [--models llama,qwen2] [--sweep]
+
+Each weight is read cold, as in a step whose layers' weights do not fit in L2: every timed function runs
+over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R back-to-back calls, and the
+per-call time is a replay's time / R (median of --reps replays); eager, Inductor and fusekit take turns in
+--rounds rounds. Writes decode_gemm.md, .json and .png (speedup over Inductor per linear and row count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+
+import torch
+
+from fusion_backend.tools.cuda_graphs import capture
+from fusion_backend import stats
+from fusion_backend.patterns.decode_gemm import MAX_ROWS, decode_linear_ref  # the table's reference
+from fusion_backend.tools.models import MODELS
+
+MB = 2**20
+
+
+def linears(spec) -> list[tuple[str, int, int, bool]]:
+    """(name, K, N, gated) of a decoder's decode-step linears (q, k and v, o, gate+up, down, lm_head)."""
+    c = spec.full
+    h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim", h // heads)
+    return [("q", h, heads * d, False), ("k/v", h, kv * d, False), ("o", heads * d, h, False),
+            ("gate+up", h, c["intermediate_size"], True), ("down", c["intermediate_size"], h, False),
+            ("lm_head", h, c["vocab_size"], False)]
+
+
+def graph_time(fn, sets: int, reps: int) -> float:
+    """ms per call: median over `reps` replays of a graph of `sets` calls, one per weight set."""
+    g = capture(lambda: [fn(i) for i in range(sets)])
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) / sets
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a 256 MB device-to-device copy (read + write), the floor's bandwidth."""
+    src = torch.empty(256 * MB, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = graph_time(lambda i: dst.copy_(src), 1, 50)
+    return 2 * src.numel() / ms / 1e6
+
+
+def run(models: list[str], rows: list[int], rounds: int, reps: int, sweep: bool, dtype=torch.bfloat16) -> list[dict]:
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    out, seen = [], set()
+    for spec in (MODELS[name] for name in models):
+        for name, k, n, gated in linears(spec):
+            if (k, n, gated) in seen:
+                continue
+            seen.add((k, n, gated))
+            nw = 2 if gated else 1
+            wbytes = n * k * 2 * nw
+            sets = max(2, min(64, math.ceil(256 * MB / wbytes)))
+            ws = [[torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for _ in range(nw)] for _ in range(sets)]
+            act = "silu_mul" if gated else "none"
+            for m in rows:
+                x = torch.randn(m, 1, k, device="cuda", dtype=dtype)
+
+                def ref(x, w, w2=None):
+                    return decode_linear_ref(x, w, w2, act)
+
+                torch._dynamo.reset()
+                ind = torch.compile(ref, backend="inductor")
+                fk = torch.compile(ref, backend="fusekit")
+                fns = {"eager": lambda i: ref(x, *ws[i]), "inductor": lambda i: ind(x, *ws[i]),
+                       "fusekit": lambda i: fk(x, *ws[i]),
+                       "op": lambda i: torch.ops.fusekit.decode_linear(x, ws[i][0], ws[i][1] if gated else None, act)}
+                with stats.collect() as records:
+                    fk(x, *ws[0])
+                sites = sum(sum(r.sites.values()) for r in records)
+                err = (fns["op"](0).float() - ref(x, *ws[0]).float()).abs().max().item()
+                times = {key: [] for key in fns}
+                for _ in range(rounds):
+                    for key, f in fns.items():
+                        times[key].append(graph_time(f, sets, reps))
+                row = {"model": spec.name, "linear": name, "K": k, "N": n, "gated": gated, "rows": m,
+                       "weight_MB": wbytes / MB, "sites": sites, "max_abs_diff_vs_eager": err,
+                       **{f"{key}_ms": statistics.median(v) for key, v in times.items()},
+                       "floor_ms": wbytes / bw / 1e6}
+                if sweep:
+                    for nt in (1, 2, 4, 8):
+                        os.environ["FUSEKIT_DECODE_LINEAR_NT"] = str(nt)
+                        row[f"op_nt{nt}_ms"] = graph_time(fns["op"], sets, reps)
+                    del os.environ["FUSEKIT_DECODE_LINEAR_NT"]
+                out.append(row)
+                print(f"{spec.name:6s} {name:8s} K={k:5d} N={n:6d} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
+                      f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
+                      f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
+                      f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x"
+                      + ("".join(f", nt{nt} {row[f'op_nt{nt}_ms'] * 1e3:.1f}" for nt in (1, 2, 4, 8)) if sweep else ""),
+                      flush=True)
+            del ws
+    return out
+
+
+def markdown(rows: list[dict], device: str) -> str:
+    lines = [f"# decode_gemm: the decode step's linears ({device}, torch {torch.__version__}, bf16, cold weights)", "",
+             f"us per call; speedup = Inductor / op; floor = weight bytes at the copy bandwidth; the rule fires up "
+             f"to {MAX_ROWS} rows.", "",
+             "| model | linear | K x N | rows | eager | Inductor | fusekit (sites) | op | floor | op vs Inductor | op % of floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['linear']} | {r['K']}x{r['N']} | {r['rows']} | {r['eager_ms'] * 1e3:.1f} | "
+                     f"{r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | {r['op_ms'] * 1e3:.1f} | "
+                     f"{r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
+                     f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    keys = sorted({(r["model"], r["linear"]) for r in rows}, key=lambda t: [(r["model"], r["linear"]) for r in rows].index(t))
+    counts = sorted({r["rows"] for r in rows})
+    width = 0.8 / len(counts)
+    for j, m in enumerate(counts):
+        ys = [next((r["inductor_ms"] / r["op_ms"] for r in rows if (r["model"], r["linear"]) == key and r["rows"] == m), 0)
+              for key in keys]
+        ax.bar([i + j * width for i in range(len(keys))], ys, width, label=f"{m} rows")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))], [f"{a}\n{b}" for a, b in keys], fontsize=8)
+    ax.set_ylabel("speedup over Inductor (op)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--models", default="llama,qwen2")
+    ap.add_argument("--rows", default="1,8,16,32,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true", help="also time the op at each columns-per-CTA setting")
+    a = ap.parse_args()
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps, a.sweep)
+    device = torch.cuda.get_device_name()
+    (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+    (out / "decode_gemm.md").write_text(markdown(rows, device))
+    plot(rows, out / "decode_gemm.png")
+    print(markdown(rows, device))
+
+
+if __name__ == "__main__":
+    main()

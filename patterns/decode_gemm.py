@@ -1,0 +1,107 @@
+"""Decode GEMMs: the linears of a decode step, a few rows against a weight -> ``fusekit::decode_linear``.
+
+In a decode step (M = batch x new tokens rows) every linear is one pass over its weight, and the step is
+mostly that pass: Llama-style b32 at position 1024 spent 0.51 ms of 0.99 in cuBLAS for 0.28 ms of weight
+bytes (H100, benchmarks/NOTES.md). The op streams the weight once with enough CTAs to fill the GPU, and
+for SwiGLU's gate and up projections reads both weights in one launch and writes silu(gate) * up: the two
+products never go to HBM and the elementwise kernel after them goes.
+
+Rules: gate/up (longest first), then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
+back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused bias/activation
+epilogue is that family's first; a bias added after the product (Qwen2's q/k/v) stays Inductor's and fuses
+into its next pointwise kernel.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+from fusion_backend import guards as G
+from fusion_backend.registry import Pattern, rand
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
+# Rows (batch x new tokens) up to which the op measured faster than cuBLAS on the H100 (bench_decode_gemm.py).
+MAX_ROWS = 32
+
+
+def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
+    y = F.linear(x, w)
+    return y if act == "none" else F.silu(y) * F.linear(x, w2)
+
+
+# ---- checks ----------------------------------------------------------------------------------------
+def weight_operands(x: str, *weights: str) -> G.Guard:
+    """Can fire: plain int sizes; x [..., K] contiguous; each weight a contiguous [N, K] (nn.Linear's), one
+    shape for all; K and N multiples of 8 and every tensor 16-byte aligned (the kernel's 16-byte loads)."""
+    def check(s: G.Site) -> str | None:
+        tx, tws = s.tensor(x), [s.tensor(w) for w in weights]
+        sizes = [*tx.shape, *tx.stride(), tx.storage_offset()] + [v for t in tws for v in (*t.shape, *t.stride(),
+                                                                                          t.storage_offset())]
+        if not all(isinstance(v, int) for v in sizes):
+            return "symbolic sizes or strides"
+        if tx.dim() < 2 or not tx.is_contiguous():
+            return f"{x} {tuple(tx.shape)} must be contiguous rows (strides {tx.stride()})"
+        k = tx.shape[-1]
+        for name, t in zip(weights, tws):
+            if t.dim() != 2 or t.shape[1] != k or tuple(t.shape) != tuple(tws[0].shape) or not t.is_contiguous():
+                return f"{name} {tuple(t.shape)} (strides {t.stride()}) is not a contiguous [N, {k}] weight"
+        n = tws[0].shape[0]
+        if k % 8 or n % 8 or k == 0:
+            return f"K={k} and N={n} must be positive multiples of 8"
+        if any(t.storage_offset() % 8 for t in (tx, *tws)):
+            return "a storage offset is not a multiple of 8 elements (16 bytes)"
+        return None
+
+    return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
+
+
+def few_rows(x: str, limit: int = MAX_ROWS) -> G.Guard:
+    """Should fire: at most `limit` rows. Above it cuBLAS's tiled GEMMs reuse each weight tile across enough
+    rows that the pass over the weight is no longer the whole cost."""
+    def check(s: G.Site) -> str | None:
+        t = s.tensor(x)
+        rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
+        return None if known(rows <= limit) else f"{rows} rows (> {limit}): not a decode step's linear"
+
+    return G.Guard(f"few_rows({x})", check)
+
+
+# ---- test inputs: case = (*rows, K, N) with rows [B, S] (3-D x) or [M] (2-D) -------------------------
+def _inputs(gated: bool):
+    def make(case, dt, dev):
+        *rows, k, n = case
+        ws = [rand((n, k), dt, dev, scale=k ** -0.5) for _ in range(2 if gated else 1)]
+        return (rand((*rows, k), dt, dev), *ws)
+
+    return make
+
+
+def _bad_layout(make, case):
+    """N = 20, not a multiple of 8: the kernel's 16-byte weight rows need K and N multiples of 8."""
+    return lambda dt, dev: make((*case[:-1], 20), dt, dev)
+
+
+# Llama-style (hidden 2048, 16/4 heads of 128, MLP 5632) and Qwen2-style (1536, 12/2, 8960) decode shapes,
+# awkward ones (K not a multiple of 32, N of 16, one row, rows over one 16-row tile and over MAX_ROWS)
+GPU_CASES = {3: ((32, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 1, 72, 200), (40, 1, 264, 136)),
+             2: ((32, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1032, 24))}
+
+
+def _rule(name: str, gated: bool, rank: int) -> Pattern:
+    static = {"act": "silu_mul"} if gated else {"act": "none", "w2": None}
+    weights = ("w", "w2") if gated else ("w",)
+    make = _inputs(gated)
+    trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
+    return Pattern(
+        f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_linear_ref, op="decode_linear",
+        static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
+        cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
+        gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x")),
+    )
+
+
+PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2), _rule("linear", False, 3),
+            _rule("linear", False, 2)]
