@@ -96,17 +96,19 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, sweep: bool,
                        "weight_MB": wbytes / MB, "sites": sites, "max_abs_diff_vs_eager": err,
                        **{f"{key}_ms": statistics.median(v) for key, v in times.items()},
                        "floor_ms": wbytes / bw / 1e6}
-                if sweep:
-                    for nt in (1, 2, 4, 8):
-                        os.environ["FUSEKIT_DECODE_LINEAR_NT"] = str(nt)
-                        row[f"op_nt{nt}_ms"] = graph_time(fns["op"], sets, reps)
-                    del os.environ["FUSEKIT_DECODE_LINEAR_NT"]
+                if sweep:  # the op's launch settings: columns per CTA, K slices per cluster
+                    for key, var, vals in (("nt", "FUSEKIT_DECODE_LINEAR_NT", (1, 2, 4)),
+                                           ("splits", "FUSEKIT_DECODE_LINEAR_SPLITS", (1, 2, 4, 8))):
+                        for v in vals:
+                            os.environ[var] = str(v)
+                            row[f"op_{key}{v}_ms"] = graph_time(fns["op"], sets, reps)
+                        del os.environ[var]
                 out.append(row)
                 print(f"{spec.name:6s} {name:8s} K={k:5d} N={n:6d} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
                       f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x"
-                      + ("".join(f", nt{nt} {row[f'op_nt{nt}_ms'] * 1e3:.1f}" for nt in (1, 2, 4, 8)) if sweep else ""),
+                      + "".join(f", {k[3:-3]} {v * 1e3:.1f}" for k, v in row.items() if k.startswith("op_") and k != "op_ms"),
                       flush=True)
             del ws
     return out

@@ -522,17 +522,20 @@ def test_matmul_output_cast_and_tf32():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("nt", [1, 2, 4, 8])
-def test_decode_linear_every_tile(nt, dtype, monkeypatch):
-    """Every columns-per-CTA setting (FUSEKIT_DECODE_LINEAR_NT; the ones over 32 accumulators per lane fall
-    back to fewer) at row counts over one, two and four 16-row tiles, plain and gated, with a K tail (K = 72:
-    not a multiple of 32) and N = 8 * odd; inside a CUDA graph too. Also an empty K (zeros) and no rows."""
+@pytest.mark.parametrize("nt,splits", [(1, 1), (2, 3), (4, 8), (8, 2), (1, 8)])
+def test_decode_linear_every_tile(nt, splits, dtype, monkeypatch):
+    """Every columns-per-CTA setting (FUSEKIT_DECODE_LINEAR_NT; those over 32 accumulators per lane fall back
+    to fewer) and K split over clusters of 1-8 CTAs (FUSEKIT_DECODE_LINEAR_SPLITS; sm_90), at row counts over
+    one, two and four 16-row tiles, plain and gated, with K tails (72 and 1032: not multiples of 32; 3 chunks
+    over 8 CTAs leaves some with none) and N = 8 * odd; inside a CUDA graph too. An empty K gives zeros."""
     pl, pg = table.by_id("decode_gemm.linear_2d"), table.by_id("decode_gemm.gate_up_silu_2d")
     monkeypatch.setenv("FUSEKIT_DECODE_LINEAR_NT", str(nt))
+    monkeypatch.setenv("FUSEKIT_DECODE_LINEAR_SPLITS", str(splits))
     for m in (1, 17, 33, 70):
         for p in (pl, pg):
-            args = p.make_args((m, 72, 200), dtype, "cuda")
-            _check(p, args, _run(p, args))
+            for k in (72, 1032):
+                args = p.make_args((m, k, 200), dtype, "cuda")
+                _check(p, args, _run(p, args))
     args = pg.make_args((5, 1024, 136), dtype, "cuda")
     g, out = torch.cuda.CUDAGraph(), None
     _run(pg, args)
@@ -543,7 +546,7 @@ def test_decode_linear_every_tile(nt, dtype, monkeypatch):
     _check(pg, args, out)
     x, w = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=dtype)
     assert torch.equal(torch.ops.fusekit.decode_linear(x, w, None, "none"), torch.zeros(3, 16, device="cuda", dtype=dtype))
-    assert torch.ops.fusekit.decode_linear(torch.empty(0, 8, device="cuda", dtype=dtype), w[:, :0].new_empty(16, 8),
+    assert torch.ops.fusekit.decode_linear(torch.empty(0, 8, device="cuda", dtype=dtype), w.new_empty(16, 8),
                                            None, "none").shape == (0, 16)
     with pytest.raises(RuntimeError, match="fusekit: decode_linear: w2"):
         torch.ops.fusekit.decode_linear(args[0], args[1], None, "silu_mul")
