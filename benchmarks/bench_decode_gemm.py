@@ -1,8 +1,8 @@
 """The decode_gemm rules side by side at the linears of the benchmark models' decode steps: eager (cuBLAS),
 Inductor, fusekit (compiled; the rule fires where its guards let it) and the op called directly (every row
-count, and each columns-per-CTA setting with --sweep), against the weight bytes at the copy bandwidth.
+count), against the weight bytes at the copy bandwidth.
 
-    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,16,32,64] [--models llama,qwen2] [--sweep]
+    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,16,32,64] [--models llama,qwen2]
 
 Each weight is read cold, as in a step whose layers' weights do not fit in L2: every timed function runs
 over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R back-to-back calls, and the
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import statistics
 
@@ -58,7 +57,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / ms / 1e6
 
 
-def run(models: list[str], rows: list[int], rounds: int, reps: int, sweep: bool, dtype=torch.bfloat16) -> list[dict]:
+def run(models: list[str], rows: list[int], rounds: int, reps: int, dtype=torch.bfloat16) -> list[dict]:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     out, seen = [], set()
@@ -96,28 +95,20 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, sweep: bool,
                        "weight_MB": wbytes / MB, "sites": sites, "max_abs_diff_vs_eager": err,
                        **{f"{key}_ms": statistics.median(v) for key, v in times.items()},
                        "floor_ms": wbytes / bw / 1e6}
-                if sweep:  # the op's launch settings: columns per CTA, K slices per cluster
-                    for key, var, vals in (("nt", "FUSEKIT_DECODE_LINEAR_NT", (1, 2, 4)),
-                                           ("splits", "FUSEKIT_DECODE_LINEAR_SPLITS", (1, 2, 4, 8))):
-                        for v in vals:
-                            os.environ[var] = str(v)
-                            row[f"op_{key}{v}_ms"] = graph_time(fns["op"], sets, reps)
-                        del os.environ[var]
                 out.append(row)
                 print(f"{spec.name:6s} {name:8s} K={k:5d} N={n:6d} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
                       f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
-                      f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x"
-                      + "".join(f", {k[3:-3]} {v * 1e3:.1f}" for k, v in row.items() if k.startswith("op_") and k != "op_ms"),
-                      flush=True)
+                      f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
             del ws
     return out
 
 
 def markdown(rows: list[dict], device: str) -> str:
     lines = [f"# decode_gemm: the decode step's linears ({device}, torch {torch.__version__}, bf16, cold weights)", "",
-             f"us per call; speedup = Inductor / op; floor = weight bytes at the copy bandwidth; the rule fires up "
-             f"to {MAX_ROWS} rows.", "",
+             f"us per call; speedup = Inductor / op; floor = weight bytes at the copy bandwidth. By default the "
+             f"gate/up rule fires up to {MAX_ROWS['gate_up_silu']} rows; the plain linear fires only where named "
+             f"(up to {MAX_ROWS['linear']} rows).", "",
              "| model | linear | K x N | rows | eager | Inductor | fusekit (sites) | op | floor | op vs Inductor | op % of floor |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -156,11 +147,10 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,16,32,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--sweep", action="store_true", help="also time the op at each columns-per-CTA setting")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps, a.sweep)
+    rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps)
     device = torch.cuda.get_device_name()
     (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     (out / "decode_gemm.md").write_text(markdown(rows, device))

@@ -2,8 +2,8 @@
 # One call on the lent GPU for the decode GEMMs: install (builds the kernels; CUTLASS=1 carries .whl for the
 # matmul kernels, else they are left out), the decode_linear GPU tests (plain and under compute-sanitizer
 # memcheck), benchmarks/bench_decode_gemm.py, then optionally the decode-step bench. Logs under $OUT.
-# Env: ROWS (bench rows, default 1,32), SWEEP (1: every columns-per-CTA setting), GEMM_MODELS, DECODE_MODELS
-# (none: no step bench), BATCHES, POSITIONS, DEADLINE (s), PROFILE (batch:position ...), SAN (0: no memcheck).
+# Env: ROWS (bench rows, default 1,8,32), GEMM_MODELS, DECODE_MODELS
+# (none: no step bench), BATCHES, POSITIONS, DEADLINE (s), PROFILE (batch:position ...) of PROFILE_MODEL, SAN (0: no memcheck).
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
@@ -27,7 +27,7 @@ if [ "${SAN:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck_gemm.log") error lines): $(tail -1 "$OUT/memcheck_gemm.log")" | tee -a "$OUT/gpu.txt"
 fi
 timeout $(( ${DEADLINE:-570} - $(date +%s) + T0 )) python3 benchmarks/bench_decode_gemm.py --out "$OUT/gemm" \
-  --rows "${ROWS:-1,32}" --models "${GEMM_MODELS:-llama,qwen2}" $([ "${SWEEP:-1}" = 1 ] && echo --sweep) > "$OUT/gemm.log" 2>&1
+  --rows "${ROWS:-1,8,32}" --models "${GEMM_MODELS:-llama,qwen2}" > "$OUT/gemm.log" 2>&1
 grep -E "rows=|copy" "$OUT/gemm.log" | tail -70
 if [ "${DECODE_MODELS:-none}" != none ]; then
   timeout $(( ${DEADLINE:-570} - $(date +%s) + T0 )) fusekit bench --phase decode --models "$DECODE_MODELS" ${BATCHES:+--batches $BATCHES} \
@@ -35,7 +35,7 @@ if [ "${DECODE_MODELS:-none}" != none ]; then
   grep -E "^\[|^  " "$OUT/decode.log" | tail -30
 fi
 for bp in ${PROFILE:-}; do
-  python3 benchmarks/profile_decode_step.py --batch "${bp%%:*}" --position "${bp##*:}" > "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" 2>&1
+  python3 benchmarks/profile_decode_step.py --model "${PROFILE_MODEL:-llama}" --batch "${bp%%:*}" --position "${bp##*:}" > "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" 2>&1
   grep -E "^== |us/step|alone" "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt"
 done
 echo "== summary =="; cat "$OUT/gpu.txt"; [ -f "$OUT/decode/decode.md" ] && grep "^|" "$OUT/decode/decode.md"

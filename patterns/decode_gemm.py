@@ -2,9 +2,13 @@
 
 In a decode step (M = batch x new tokens rows) every linear is one pass over its weight, and the step is
 mostly that pass: Llama-style b32 at position 1024 spent 0.51 ms of 0.99 in cuBLAS for 0.28 ms of weight
-bytes (H100, benchmarks/NOTES.md). The op streams the weight once with enough CTAs to fill the GPU, and
-for SwiGLU's gate and up projections reads both weights in one launch and writes silu(gate) * up: the two
-products never go to HBM and the elementwise kernel after them goes.
+bytes (H100, benchmarks/NOTES.md). SwiGLU's gate and up projections are two such passes and an elementwise
+kernel; the op reads both weights in one launch and writes silu(gate) * up.
+
+Measured selection (benchmarks/bench_decode_gemm.py, H100, cold weights; results/h100_decode_gemm.md): gate/up
+fires by default up to 8 rows (1.08-1.13x cuBLAS + Inductor's silu-mul at 1 and 8 rows; 0.65-0.76x at 32). The
+plain linear is off by default: the op beat cuBLAS only for the small k/v projections at 1-8 rows (up to 1.09x)
+and lost elsewhere (0.2-0.9x); it fires, up to 32 rows, where options={"patterns": [...]} names it.
 
 Rules: gate/up (longest first), then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
 back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused bias/activation
@@ -22,8 +26,9 @@ from fusion_backend import guards as G
 from fusion_backend.registry import Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
-# Rows (batch x new tokens) up to which the op measured faster than cuBLAS on the H100 (bench_decode_gemm.py).
-MAX_ROWS = 32
+# Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8
+# (H100, bench_decode_gemm.py); the plain linear (off by default) where named, up to 32.
+MAX_ROWS = {"gate_up_silu": 8, "linear": 32}
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
@@ -57,7 +62,7 @@ def weight_operands(x: str, *weights: str) -> G.Guard:
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
 
 
-def few_rows(x: str, limit: int = MAX_ROWS) -> G.Guard:
+def few_rows(x: str, limit: int) -> G.Guard:
     """Should fire: at most `limit` rows. Above it cuBLAS's tiled GEMMs reuse each weight tile across enough
     rows that the pass over the weight is no longer the whole cost."""
     def check(s: G.Site) -> str | None:
@@ -84,9 +89,10 @@ def _bad_layout(make, case):
 
 
 # Llama-style (hidden 2048, 16/4 heads of 128, MLP 5632) and Qwen2-style (1536, 12/2, 8960) decode shapes,
-# awkward ones (K not a multiple of 32, N of 16, one row, rows over one 16-row tile and over MAX_ROWS)
-GPU_CASES = {3: ((32, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 1, 72, 200), (40, 1, 264, 136)),
-             2: ((32, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1032, 24))}
+# awkward ones (K not a multiple of 32, N of 16, one row, rows over one and two 16-row tiles); the first case
+# is compiled by the GPU tests, so it fires (8 rows at most)
+GPU_CASES = {3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 1, 72, 200), (40, 1, 264, 136)),
+             2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1032, 24))}
 
 
 def _rule(name: str, gated: bool, rank: int) -> Pattern:
@@ -96,10 +102,11 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     return Pattern(
         f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_linear_ref, op="decode_linear",
+        cuda_default=gated,
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
         gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x")),
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", MAX_ROWS[name])),
     )
 
 

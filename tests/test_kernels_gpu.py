@@ -522,15 +522,11 @@ def test_matmul_output_cast_and_tf32():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("nt,splits", [(1, 1), (2, 3), (4, 8), (8, 2), (1, 8)])
-def test_decode_linear_every_tile(nt, splits, dtype, monkeypatch):
-    """Every columns-per-CTA setting (FUSEKIT_DECODE_LINEAR_NT; those over 32 accumulators per lane fall back
-    to fewer) and K split over clusters of 1-8 CTAs (FUSEKIT_DECODE_LINEAR_SPLITS; sm_90), at row counts over
-    one, two and four 16-row tiles, plain and gated, with K tails (72 and 1032: not multiples of 32; 3 chunks
-    over 8 CTAs leaves some with none) and N = 8 * odd; inside a CUDA graph too. An empty K gives zeros."""
+def test_decode_linear_row_tiles_tails_and_graphs(dtype):
+    """decode_linear at row counts over one, two and four 16-row tiles and over gridDim.y, plain and gated,
+    with K tails (72 and 1032: not multiples of 32) and N = 8 * odd; inside a CUDA graph too. An empty K
+    gives zeros, no rows an empty result, a missing w2 a clear error."""
     pl, pg = table.by_id("decode_gemm.linear_2d"), table.by_id("decode_gemm.gate_up_silu_2d")
-    monkeypatch.setenv("FUSEKIT_DECODE_LINEAR_NT", str(nt))
-    monkeypatch.setenv("FUSEKIT_DECODE_LINEAR_SPLITS", str(splits))
     for m in (1, 17, 33, 70):
         for p in (pl, pg):
             for k in (72, 1032):

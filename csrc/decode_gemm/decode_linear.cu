@@ -10,22 +10,23 @@
 // dims); the kernel is built for few (decode: M = batch x new tokens). Returns [..., N] contiguous, x's dtype.
 // Float32 accumulation; "silu_mul" rounds the two products, silu(gate) and the result to x's dtype, as eager.
 //
-// Why not cuBLAS: at M <= 32 a linear is a pass over its weight, and cuBLAS's small-M kernels reach 13-75% of
-// HBM bandwidth on the H100 (2 MB k/v projections: 13%; benchmarks/NOTES.md). Here a CTA of 8 warps owns
-// 8*NT output columns and 16*MT rows (gridDim.y covers more rows), and a slice of K: on sm_90 the K slices of
-// one column tile are the CTAs of a thread-block cluster (gridDim.z = cluster size), which add their partial
-// sums through distributed shared memory, so a long K costs no extra round trips to HBM and no workspace.
-// Inside a CTA the warps take the slice's 32-wide chunks in turn (neighbouring warps, neighbouring chunks) and
-// issue every load of U chunks before any product, so a lane's weight and activation loads are in flight
-// together. Tensor cores (mma.sync m16n8k16) do the products: each lane loads 8 consecutive k of one weight
-// row and of its activation rows, and both operands take the same permutation of k inside a chunk (see
-// mma_chunk), so no shuffle or shared-memory staging is needed. Weights are streamed past L1 (no_allocate);
-// x, read by every column tile, stays in L1/L2. Runs on the current stream, no workspace.
+// Why: at M <= 8 a linear is a pass over its weight, and cuBLAS's small-M kernels leave HBM bandwidth unused
+// (H100: 2 MB k/v projections at 13%; benchmarks/NOTES.md); SwiGLU's gate and up then take two such passes
+// plus an elementwise kernel. Here a CTA of 8 warps owns 8 output columns of every weight and 16*MT rows
+// (gridDim.y covers more rows), and all of K: its warps take the 32-wide chunks in turn (neighbouring warps,
+// neighbouring chunks) and issue every load of U chunks before any product, so a lane's weight and activation
+// loads are in flight together; the warps' partial sums are added in shared memory. Tensor cores (mma.sync
+// m16n8k16) do the products: each lane loads 8 consecutive k of one weight row and of its activation rows,
+// and both operands take the same permutation of k inside a chunk (see mma_chunk), so no shuffle or
+// shared-memory staging is needed. Weights are streamed past L1 (no_allocate); x, read by every column
+// tile, stays in L1/L2. Runs on the current stream, no workspace.
+//
+// Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor for gate/up at
+// 1-8 rows; slower for the plain linears except k/v at 1-8 rows, and at 32 rows everywhere. More columns
+// per CTA (16, 32) and K split over a thread-block cluster (2-8 CTAs, DSMEM reduction) were slower at the
+// decode shapes except k/v, and were taken out.
 #include "fusekit.h"
 
-#include <cooperative_groups.h>
-
-#include <cstdlib>
 
 namespace fusekit {
 namespace {
@@ -91,39 +92,33 @@ struct Params {
   const void* w[2];  // w, w2 (NW = 2: silu(x w^T) * (x w2^T))
   void* out;
   int m, n, k;
-  int chunks_per_split;  // 32-wide K chunks per CTA of a cluster (all of them without one)
 };
 
-// CTA: 8 warps, 8*NT columns (blockIdx.x), 16*MT rows (blockIdx.y), K slice blockIdx.z of gridDim.z (the CTAs
-// of a cluster). NW weights share the columns.
-template <typename T, int MT, int NT, int NW>
+// CTA: 8 warps, 8 columns (blockIdx.x) of each of NW weights, 16*MT rows (blockIdx.y), all of K.
+template <typename T, int MT, int NW>
 __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params p) {
-  constexpr int U = MT * NT * NW <= 2 ? 4 : 2;  // chunks in flight per lane: fewer loads per chunk, more chunks
-  constexpr int F = MT * NT * 4;                // accumulators per lane and weight
+  constexpr int U = MT * NW <= 2 ? 4 : 2;       // chunks in flight per lane: fewer loads per chunk, more chunks
+  constexpr int F = MT * 4;                     // accumulators per lane and weight
   extern __shared__ float red[];                // [kWarps][NW][F][32]: the warps' partial sums
-  float* part = red + kWarps * NW * F * 32;     // [NW][F][32]: this CTA's, read by its cluster
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 8 * NT, m0 = blockIdx.y * 16 * MT;
-  const int cbegin = blockIdx.z * p.chunks_per_split;
-  const int cend = min((p.k + kChunk - 1) / kChunk, cbegin + p.chunks_per_split);
+  const int n0 = blockIdx.x * 8, m0 = blockIdx.y * 16 * MT;
+  const int chunks = (p.k + kChunk - 1) / kChunk;
   const T* x = static_cast<const T*>(p.x);
 
-  float acc[NW][MT][NT][4];
+  float acc[NW][MT][4];
 #pragma unroll
   for (int w = 0; w < NW; ++w)
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[w][i][j][c] = 0.f;
+      for (int c = 0; c < 4; ++c) acc[w][i][c] = 0.f;
 
-  for (int c0 = cbegin + warp; c0 < cend; c0 += kWarps * U) {
-    uint4 a[U][MT][2], b[U][NW][NT];
+  for (int c0 = warp; c0 < chunks; c0 += kWarps * U) {
+    uint4 a[U][MT][2], b[U][NW];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // every load of U chunks first, then their products
       const int kk = (c0 + u * kWarps) * kChunk + t * 8;
-      const bool kin = c0 + u * kWarps < cend && kk < p.k;  // K % 8 == 0: a lane's 8 elements all in or all out
+      const bool kin = kk < p.k;  // K % 8 == 0: a lane's 8 elements all in or all out
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -134,147 +129,63 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
           if (!ok) a[u][i][h] = make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-      for (int w = 0; w < NW; ++w)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const int col = n0 + j * 8 + g;
-          const bool ok = kin && col < p.n;
-          const T* wp = static_cast<const T*>(p.w[w]);
-          b[u][w][j] = load_stream(ok ? wp + static_cast<int64_t>(col) * p.k + kk : wp);
-          if (!ok) b[u][w][j] = make_uint4(0, 0, 0, 0);
-        }
+      for (int w = 0; w < NW; ++w) {
+        const int col = n0 + g;
+        const bool ok = kin && col < p.n;
+        const T* wp = static_cast<const T*>(p.w[w]);
+        b[u][w] = load_stream(ok ? wp + static_cast<int64_t>(col) * p.k + kk : wp);
+        if (!ok) b[u][w] = make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int w = 0; w < NW; ++w)
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-          for (int j = 0; j < NT; ++j) mma_chunk<T>(acc[w][i][j], a[u][i][0], a[u][i][1], b[u][w][j]);
+        for (int i = 0; i < MT; ++i) mma_chunk<T>(acc[w][i], a[u][i][0], a[u][i][1], b[u][w]);
   }
 
-  // the warps' sums, in warp order (deterministic), then the cluster's in rank order, then the epilogue.
-  // C fragment: c0,c1 row g, c2,c3 row g+8, columns 2t, 2t+1.
+  // the warps' sums, in warp order (deterministic), then the epilogue; C fragment: c0,c1 row g, c2,c3 row g+8,
+  // columns 2t, 2t+1
 #pragma unroll
   for (int w = 0; w < NW; ++w)
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) red[((warp * NW + w) * F + (i * NT + j) * 4 + c) * 32 + lane] = acc[w][i][j][c];
-  __syncthreads();
-  for (int e = threadIdx.x; e < NW * F * 32; e += kWarps * 32) {
-    float s = 0.f;
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) s += red[v * NW * F * 32 + e];
-    part[e] = s;
-  }
-  const int splits = gridDim.z;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  if (splits > 1) cg::this_cluster().sync();  // every CTA's partial sums written
-#endif
+      for (int c = 0; c < 4; ++c) red[((warp * NW + w) * F + i * 4 + c) * 32 + lane] = acc[w][i][c];
   __syncthreads();
   T* out = static_cast<T*>(p.out);
-  // each CTA of the cluster finishes its share of the tile's outputs
-  for (int e = threadIdx.x + blockIdx.z * kWarps * 32; e < F * 32; e += kWarps * 32 * splits) {
-    const int l = e % 32, f = e / 32, c = f % 4, ij = f / 4, i = ij / NT, j = ij % NT;
-    const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + j * 8 + (l % 4) * 2 + c % 2;
+  for (int e = threadIdx.x; e < F * 32; e += kWarps * 32) {
+    const int l = e % 32, f = e / 32, c = f % 4, i = f / 4;
+    const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + (l % 4) * 2 + c % 2;
     float s[NW];
 #pragma unroll
-    for (int w = 0; w < NW; ++w) s[w] = part[w * F * 32 + e];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (splits > 1) {
+    for (int w = 0; w < NW; ++w) {
+      s[w] = 0.f;
 #pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        s[w] = 0.f;
-        for (int r = 0; r < splits; ++r) s[w] += cg::this_cluster().map_shared_rank(part, r)[w * F * 32 + e];
-      }
+      for (int v = 0; v < kWarps; ++v) s[w] += red[((v * NW + w) * F + f) * 32 + l];
     }
-#endif
     if (row < p.m && col < p.n) {
       float y = s[0];
       if constexpr (NW == 2) y = round_to<T>(fast_silu(round_to<T>(s[0]))) * round_to<T>(s[1]);
       out[static_cast<int64_t>(row) * p.n + col] = from_float<T>(y);
     }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (splits > 1) cg::this_cluster().sync();  // no CTA leaves while another reads its shared memory
-#endif
-}
-
-template <typename T, int MT, int NT, int NW>
-void launch(const Params& p, int splits, cudaStream_t stream) {
-  const dim3 grid((p.n + 8 * NT - 1) / (8 * NT), (p.m + 16 * MT - 1) / (16 * MT), splits);
-  const size_t smem = sizeof(float) * (kWarps + 1) * NW * MT * NT * 4 * 32;  // <= 36 KB: MT * NT * NW <= 8
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = splits;
-  cfg.attrs = attr;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_linear_kernel<T, MT, NT, NW>, p));
-}
-
-// Columns per CTA: one 8-column tile (measured fastest at 1 and 32 rows on the H100: more tiles per CTA meant
-// fewer CTAs, each longer), more where 32 accumulators per lane allow and FUSEKIT_DECODE_LINEAR_NT asks
-// (benchmarks). K slices: enough that a warp has at most 4 chunks (one round of loads), at most 8 (the
-// portable cluster size), only on sm_90 and up (FUSEKIT_DECODE_LINEAR_SPLITS forces a count).
-int pick_nt(int mt, int nw) {
-  int nt = 1;
-  if (const char* env = std::getenv("FUSEKIT_DECODE_LINEAR_NT")) {
-    const int forced = std::atoi(env);
-    if ((forced == 1 || forced == 2 || forced == 4 || forced == 8) && mt * forced * nw <= 8) nt = forced;
-  }
-  return nt;
-}
-
-int pick_splits(int k) {
-  static const bool clusters = [] {
-    int dev = c10::cuda::current_device(), major = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 9;
-  }();
-  if (!clusters) return 1;
-  const int chunks = (k + kChunk - 1) / kChunk;
-  int splits = std::min(8, std::max(1, (chunks + kWarps * 4 - 1) / (kWarps * 4)));
-  if (const char* env = std::getenv("FUSEKIT_DECODE_LINEAR_SPLITS")) {
-    const int forced = std::atoi(env);
-    if (forced >= 1 && forced <= 8) splits = forced;
-  }
-  return splits;
 }
 
 template <typename T, int MT, int NW>
-void launch_nt(const Params& p, int nt, int splits, cudaStream_t stream) {
-  if constexpr (MT * 8 * NW <= 8) {
-    if (nt == 8) return launch<T, MT, 8, NW>(p, splits, stream);
-  }
-  if constexpr (MT * 4 * NW <= 8) {
-    if (nt == 4) return launch<T, MT, 4, NW>(p, splits, stream);
-  }
-  if constexpr (MT * 2 * NW <= 8) {
-    if (nt == 2) return launch<T, MT, 2, NW>(p, splits, stream);
-  }
-  launch<T, MT, 1, NW>(p, splits, stream);
+void launch(const Params& p, cudaStream_t stream) {
+  const dim3 grid((p.n + 7) / 8, (p.m + 16 * MT - 1) / (16 * MT));
+  const size_t smem = sizeof(float) * kWarps * NW * MT * 4 * 32;  // <= 32 KB
+  decode_linear_kernel<T, MT, NW><<<grid, kWarps * 32, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, int NW>
-void launch_rows(Params p, cudaStream_t stream) {
-  const int mt = p.m <= 16 ? 1 : p.m <= 32 ? 2 : 4;
-  const int nt = pick_nt(mt, NW), splits = pick_splits(p.k), chunks = (p.k + kChunk - 1) / kChunk;
-  p.chunks_per_split = (chunks + splits - 1) / splits;
-  if (mt == 1) return launch_nt<T, 1, NW>(p, nt, splits, stream);
-  if (mt == 2) return launch_nt<T, 2, NW>(p, nt, splits, stream);
-  launch_nt<T, 4, NW>(p, nt, splits, stream);
+void launch_rows(const Params& p, cudaStream_t stream) {
+  if (p.m <= 16) return launch<T, 1, NW>(p, stream);
+  if (p.m <= 32) return launch<T, 2, NW>(p, stream);
+  launch<T, 4, NW>(p, stream);
 }
 
 void check_weight(const at::Tensor& x, const at::Tensor& w, const char* name) {
@@ -308,7 +219,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
   for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
   TORCH_CHECK(K % 8 == 0 && N % 8 == 0, "fusekit: decode_linear: K and N must be multiples of 8; got x ",
               describe(x), ", w ", describe(w));
-  TORCH_CHECK(M < (int64_t{1} << 31) / 16 && N < (int64_t{1} << 31) && K < (int64_t{1} << 31),
+  TORCH_CHECK(M <= 65535 * 16 && N < (int64_t{1} << 31) && K < (int64_t{1} << 31),
               "fusekit: decode_linear: sizes too large: x ", describe(x), ", w ", describe(w));
   c10::cuda::CUDAGuard guard(x.device());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
