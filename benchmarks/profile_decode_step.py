@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--op-only", action="store_true")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--model", default="llama")
+    ap.add_argument("--heads", default="16/4", help="--op-only: query heads / KV heads")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--out", default="out/profile")
@@ -95,7 +96,8 @@ def main():
     if a.op_only:
         from fusion_backend import _ext
         _ext.load_for_device()
-        return op_kernels([int(x) for x in a.batches.split(",")], (128, 1024, 4000))
+        hq, hkv = (int(x) for x in a.heads.split("/"))
+        return op_kernels([int(x) for x in a.batches.split(",")], (128, 1024, 4000), hkv=hkv, hq=hq)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     st = decode_bench.Step(a.model, "cuda", a.batch, 4096)

@@ -18,7 +18,7 @@
 // scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
 // additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
-// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 8 rows of its query group). It reads
+// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 4 rows of its query group). It reads
 // its split's mask first, all of it at once, and skips the K and V of every 64-key block in which every
 // row's mask hides every key (a split with nothing visible writes (-inf, 0) and ends); each visible key row
 // is read once (16 bytes per lane) for all the rows of the group. With more
@@ -484,8 +484,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
 template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
   if (rt == 1) return launch<T, D, 1>(p, blocks_x, q);
-  if (rt == 4) return launch<T, D, 4>(p, blocks_x, q);
-  return launch<T, D, 8>(p, blocks_x, q);
+  launch<T, D, 4>(p, blocks_x, q);
 }
 
 at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -496,7 +495,11 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int64_t B = q.size(0), hq = q.size(1), lq = q.size(2), d = q.size(3), hkv = k.size(1), S = k.size(2);
   if (B == 0) return out;
   const int group = static_cast<int>(hq / hkv), rows = static_cast<int>(group * lq);
-  const int rt = rows <= 1 ? 1 : rows <= 4 ? 4 : 8;
+  // Rows per CTA: 1 or 4. A larger group takes several CTAs, each reading the KV blocks (the later ones mostly
+  // from L2): with 8 rows per CTA, Qwen2-style's 6-row groups ran slower at every batch (H100, the op alone:
+  // b1 21.1 -> 15.4 us, b32 @1024 45.7 -> 36.6 us with 4; benchmarks/NOTES.md), twice the registers and
+  // half the CTAs.
+  const int rt = rows <= 1 ? 1 : 4;
   const int zchunks = (rows + rt - 1) / rt;
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
