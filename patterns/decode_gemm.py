@@ -6,9 +6,9 @@ bytes (H100, benchmarks/NOTES.md). SwiGLU's gate and up projections are two such
 kernel; the op reads both weights in one launch and writes silu(gate) * up.
 
 Measured selection (benchmarks/bench_decode_gemm.py, H100, cold weights; results/h100_decode_gemm.md): gate/up
-fires by default up to 8 rows (1.08-1.13x cuBLAS + Inductor's silu-mul at 1 and 8 rows; 0.65-0.76x at 32). The
-plain linear is off by default: the op beat cuBLAS only for the small k/v projections at 1-8 rows (up to 1.09x)
-and lost elsewhere (0.2-0.9x); it fires, up to 32 rows, where options={"patterns": [...]} names it.
+fires by default up to 8 rows (Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style
+1.06x / 1.04x; 0.96-1.05x at 16 and 32). The plain linear is off by default: cuBLAS was faster at every
+projection and row count (the op 0.43-0.98x); it fires, up to 32 rows, where options={"patterns": [...]} names it.
 
 Rules: gate/up (longest first), then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
 back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused bias/activation

@@ -21,10 +21,11 @@
 // shared-memory staging is needed. Weights are streamed past L1 (no_allocate); x, read by every column
 // tile, stays in L1/L2. Runs on the current stream, no workspace.
 //
-// Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor for gate/up at
-// 1-8 rows; slower for the plain linears except k/v at 1-8 rows, and at 32 rows everywhere. More columns
-// per CTA (16, 32) and K split over a thread-block cluster (2-8 CTAs, DSMEM reduction) were slower at the
-// decode shapes except k/v, and were taken out.
+// Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor's silu-mul for
+// gate/up at 1-8 rows (1.04-1.13x); slower than cuBLAS for every plain linear (0.43-0.98x), so that rule is
+// off by default. More columns per CTA (16-64) and K split over a thread-block cluster (2-8 CTAs, DSMEM
+// reduction) were slower at the decode shapes (the cluster split won only k/v at 1-8 rows, by up to 1.09x),
+// and were taken out.
 #include "fusekit.h"
 
 
