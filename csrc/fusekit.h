@@ -91,6 +91,26 @@ inline int blocks_for(int64_t units) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(sm_count()) * 8)));
 }
 
+// explicit conversions: torch's extension flags disable the implicit half/bfloat16 <-> float ones
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// f(__half{}) for float16, f(__nv_bfloat16{}) otherwise: the ops whose kernels take only these two (callers check).
+template <typename F>
+void dispatch_half_bf16(at::ScalarType t, F&& f) {
+  if (t == at::kHalf) {
+    f(__half{});
+  } else {
+    f(__nv_bfloat16{});
+  }
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Vector width for a kernel reading T and writing Out: 16-byte accesses on the wider side.

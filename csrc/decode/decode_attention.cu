@@ -56,15 +56,6 @@ struct Params {
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
 };
 
-// explicit conversions: torch's extension flags disable the implicit half/bfloat16 <-> float ones
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __half*) {
   const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -556,11 +547,7 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     if (d == 128) return launch_rows<T, 128>(p, blocks_x, rt, q);
     return launch_rows<T, 256>(p, blocks_x, rt, q);
   };
-  if (q.scalar_type() == at::kHalf) {
-    dispatch(__half{});
-  } else {
-    dispatch(__nv_bfloat16{});
-  }
+  dispatch_half_bf16(q.scalar_type(), dispatch);
   return out;
 }
 

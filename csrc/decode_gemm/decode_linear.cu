@@ -77,14 +77,6 @@ __device__ __forceinline__ void mma_chunk(float (&c)[4], const uint4& lo, const 
   mma16816<T>(c, lo.z, hi.z, lo.w, hi.w, w.z, w.w);
 }
 
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <typename T>
 __device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
 
@@ -237,11 +229,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
     if (gated) return launch_rows<T, 2>(p, stream);
     launch_rows<T, 1>(p, stream);
   };
-  if (x.scalar_type() == at::kHalf) {
-    dispatch(__half{});
-  } else {
-    dispatch(__nv_bfloat16{});
-  }
+  dispatch_half_bf16(x.scalar_type(), dispatch);
   return out;
 }
 
