@@ -34,7 +34,7 @@ if [ "${MODELS:-llama}" != none ]; then
 fi
 if [ "${SAN:-${TESTS:-1}}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py \
-    -k "hidden_by_a_finite or (masks_against and fp16 and causal)" > "$OUT/memcheck.log" 2>&1
+    -k "hidden_by_a_finite or (masks_against and fp16 and causal) or repeatable" > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
 fi
 # PROFILE="32:1024 1:4000": the kernel table of one step per batch:position (benchmarks/profile_decode_step.py)
