@@ -91,7 +91,7 @@ def test_fully_masked_rows_as_fused_sdpa(dt):
 
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("s", [40, 300, 5000])  # one split (its CTA recomputes the row), a few, many
+@pytest.mark.parametrize("s", [40, 300, 5000])  # one split (hidden_rows kernel), a few, many
 def test_rows_hidden_by_a_finite_mask_as_the_chain(dt, s):
     """A row whose every key is hidden by a finite minimum: the replaced chain still weighs every key by
     exp(score + min), so the output is that weighted mean (recomputed without skipping), not 0."""
@@ -109,9 +109,9 @@ def test_rows_hidden_by_a_finite_mask_as_the_chain(dt, s):
 @pytest.mark.parametrize("shape", [(32, 16, 4, 1, 4096, 128), (1, 16, 4, 1, 4096, 128), (2, 8, 1, 4, 3000, 64),
                                    (3, 4, 4, 2, 2000, 256)], ids=lambda s: "x".join(map(str, s)))
 def test_repeatable_and_replayable_in_a_cuda_graph(shape):
-    """Many splits, combined by whichever CTA of a column finishes last (an atomic count zeroed per call):
-    the sums run in split order, so two calls agree bit for bit; a CUDA graph of the op, replayed on new
-    inputs written in place, gives what a direct call gives (the counts are zeroed at every replay)."""
+    """Many splits, their partial softmaxes combined by a second kernel in split order: two calls agree bit
+    for bit, and a CUDA graph of the op, replayed on new inputs written in place, gives what a direct call
+    gives (its workspace comes from the graph's pool)."""
     b, hq, hkv, lq, s, d = shape
     q, k, v = _qkv(b, hq, hkv, lq, s, d, torch.bfloat16)
     keep = _mask("causal", b, lq, s, 1024)

@@ -6,47 +6,37 @@
 //       n = q.shape[1] // k.shape[1]                 # query heads per KV head (1: MHA)
 //       return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask, scale=scale)
 //
-// Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, on one CUDA device (sm_80 or newer),
-// one dtype in {float16, bfloat16}, D in {64, 128, 256}, unit last-dim stride; k and v 16-byte aligned
-// (every other stride and the offset a multiple of 8 elements). mask: none, bool (True = attend), q's dtype
-// or float32 (additive), broadcastable to [B,Hq,Lq,S]. Returns [B,Hq,Lq,D] in q's layout (empty_like(q)).
-// A row the mask hides entirely (-inf or False everywhere) gives 0, as PyTorch's SDPA kernels do.
-// Accumulates in float32.
+// Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, on one CUDA device, one dtype in
+// {float16, bfloat16}, D in {64, 128, 256}, unit last-dim stride; k and v 16-byte aligned (every other
+// stride and the offset a multiple of 8 elements). mask: none, bool (True = attend), q's dtype or float32
+// (additive), broadcastable to [B,Hq,Lq,S]. Returns [B,Hq,Lq,D] in q's layout (empty_like(q)). A row the
+// mask hides entirely (-inf or False everywhere) gives 0, as PyTorch's SDPA kernels do. Accumulates in float32.
 //
 // Hidden keys: False, or an additive value <= -60000 (-inf, and the finite "minus infinity" masks use:
 // float16's min, or finfo.min; transformers builds bf16 masks of -65536). Such a key's weight
 // exp(score + mask - row max) underflows to exactly 0 in float32 once the row has a key above -60000, unless
 // scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
-// additive mask says (recompute_row below).
+// additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
 // One CTA (4 warps) per (sequence, KV head, split of the cache, up to 4 rows of its query group). It reads
-// its split's mask first, all of it at once, and skips every 64-key block in which every row's mask hides
-// every key (a split with nothing visible writes (-inf, 0) and ends); each visible key row is read once for
-// all the rows of the group. Two ways to read the visible K and V (see run): staged, every 16-byte row slice
-// copied to shared memory at once (cp.async; one memory round trip per CTA), when the whole grid is
-// resident at once; else through registers, a 64-key block at a time (5 CTAs per SM instead of 3). Splits
-// hold at most 256 keys (staged: 64 KB of K and V, so 128 keys at D 128 and 64 at D 256): a short visible
-// prefix of a long cache still spreads over many CTAs. With more than one split, partial (max, sum, output)
-// go to a float32 workspace and a second kernel combines them (tried instead: the last CTA of each column
-// combining, after an atomic count -- slower at every measured shape, by 1-8 us). With one split, a row a
-// finite mask hides entirely is recomputed by its CTA.
+// its split's mask first, all of it at once, and skips the K and V of every 64-key block in which every
+// row's mask hides every key (a split with nothing visible writes (-inf, 0) and ends); each visible key row
+// is read once (16 bytes per lane) for all the rows of the group. With more
+// than one split, partial (max, sum, output) go to a float32 workspace and a second kernel combines them.
+// Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many CTAs.
 // Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
 #include "fusekit.h"
 
 #include <cmath>
-#include <type_traits>
 
 namespace fusekit {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kBlockN = 64;  // keys per mask-skip block
+constexpr int kBlockN = 64;     // keys per mask-skip block
+constexpr int kMaxChunk = 256;   // keys per split at most (4 blocks; the scores live in shared memory)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kHiddenLog2 = -60000.f * kLog2e;  // a mask value at or below -60000 (in log2 units) hides
-
-// Keys per split at most. Staged: the split's K and V rows whole in shared memory, 64 KB at most.
-constexpr int max_chunk(int d) { return d == 64 ? 256 : d == 128 ? 128 : 64; }
-constexpr int kRegisterChunkBlocks = 4;  // through registers: 256 keys
 
 enum MaskKind { kNoMask = 0, kBoolMask = 1, kSameMask = 2, kFloatMask = 3 };
 
@@ -58,12 +48,14 @@ struct Params {
   void* out;
   float* part_o;    // [splits, rows_total, D]
   float2* part_ml;  // [splits, rows_total] (max, sum) in log2 units
+  int* hidden;      // [rows_total] 1: no key above kHiddenLog2 (finite masks, one split only; else null)
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, os0, os1, os2;
   int64_t rows_total;  // B * Hq * Lq
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
   int finite_mask;   // 1: an additive mask, whose finite values can hide a whole row
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
 };
+
 
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __half*) {
   const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -83,34 +75,6 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __n
     f[2 * i] = x.x;
     f[2 * i + 1] = x.y;
   }
-}
-
-// 16 bytes global -> shared, asynchronous (sm_80); fill = false writes zeros and reads nothing.
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool fill) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(fill ? 16 : 0));
-}
-__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
-
-// The visible blocks' rows of K or V into shared memory ([chunk][D]), 16 bytes per copy, every copy in
-// flight at once; one commit group. Keys past the cache are zero-filled (their probability is 0, and 0 times
-// leftover shared memory could be NaN).
-template <typename T, int D>
-__device__ __forceinline__ void stage_rows(T* dst, const T* src, int64_t row_stride, const int* vis, int nblocks,
-                                           int key_begin, int s) {
-  constexpr int LPK = D / 8;
-  for (int blk = 0; blk < nblocks; ++blk) {
-    if (!vis[blk]) continue;
-#pragma unroll
-    for (int n = 0; n < kBlockN * LPK / (kWarps * 32); ++n) {
-      const int i = threadIdx.x + n * kWarps * 32, j = blk * kBlockN + i / LPK, c = i % LPK, key = key_begin + j;
-      const bool in = key < s;
-      copy16_async(dst + j * D + c * 8, src + (in ? key * row_stride : 0) + c * 8, in);
-    }
-  }
-  copies_commit();
 }
 
 template <typename T>
@@ -145,35 +109,19 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
-__device__ __forceinline__ int64_t row_index(const Params& p, int b, int kvh, int rr) {  // rr: row of the group
-  return (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
-}
-
-__device__ __forceinline__ int64_t out_offset(const Params& p, int64_t row) {
-  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
-  return b * p.os0 + h * p.os1 + qi * p.os2;
-}
-
-template <typename T, int D, int W>
-__device__ void recompute_row(const Params& p, int64_t row);
-
-template <typename T, int D, int RT, bool STAGE>
+template <typename T, int D, int RT>
 __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Params p) {
   constexpr int LPK = D / 8;          // lanes per key row, 16 bytes each
   constexpr int KPW = 32 / LPK;       // key rows per warp per step
   constexpr int KPS = kWarps * KPW;   // key rows per CTA per step
   constexpr int STEPS = kBlockN / KPS;
-  constexpr int CHUNK = STAGE ? max_chunk(D) : kRegisterChunkBlocks * kBlockN;
-  constexpr int UNROLL = STEPS < 8 ? STEPS : 8;  // register path: 16-byte loads in flight per lane
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int staged = STAGE ? p.chunk : 0;
-  T* ks = reinterpret_cast<T*>(smem);                        // [chunk][D] the split's visible K rows
-  T* vs = ks + staged * D;                                   // [chunk][D] and V rows
-  float* sc = reinterpret_cast<float*>(vs + staged * D);     // [RT][chunk] scores, then probabilities
-  float* so = sc + RT * p.chunk;                             // [RT][D] the CTA's output sum
+  constexpr int UNROLL = STEPS < 8 ? STEPS : 8;  // 16-byte loads in flight per lane
+  extern __shared__ float smem[];
+  float* sc = smem;                  // [RT][chunk] scores, then probabilities
+  float* so = smem + RT * p.chunk;   // [RT][D] the CTA's output sum
   __shared__ float s_m[RT], s_l[RT];
   __shared__ int64_t s_moff[RT];
-  __shared__ int s_vis[CHUNK / kBlockN];
+  __shared__ int s_vis[kMaxChunk / kBlockN];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kslot = lane / LPK, dsub = lane % LPK;
@@ -190,12 +138,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     const int r = r0 + min(tid, nr - 1);
     s_moff[tid] = b * p.ms0 + (kvh * p.group + r / p.lq) * p.ms1 + (r % p.lq) * p.ms2;
   }
-  if (tid < CHUNK / kBlockN) s_vis[tid] = 0;
+  if (tid < kMaxChunk / kBlockN) s_vis[tid] = 0;
   __syncthreads();
 
   // ---- the split's whole mask first, its loads in flight together (and with q's): a block no row can see
-  // is never read, and a split with no visible key skips to the end (most CTAs of a long cache early on) ----
-  constexpr int MPT = (RT * CHUNK + kWarps * 32 - 1) / (kWarps * 32);  // mask values per thread, at most
+  // is never read, and a split with no visible key ends here (most CTAs of a long cache early in decoding) ----
+  constexpr int MPT = RT * kMaxChunk / (kWarps * 32);  // mask values per thread, at most
   const int keys = nblocks * kBlockN;
   float mv[MPT];
 #pragma unroll
@@ -224,52 +172,44 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   __syncthreads();
   bool any_vis = false;
   for (int blk = 0; blk < nblocks; ++blk) any_vis |= s_vis[blk] != 0;
-
   if (!any_vis && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
-    for (int r = tid; r < nr; r += kWarps * 32)
-      p.part_ml[split * p.rows_total + row_index(p, b, kvh, r0 + r)] = make_float2(-INFINITY, 0.f);
+    for (int r = tid; r < nr; r += kWarps * 32) {
+      const int rr = r0 + r;
+      const int64_t row = (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
+      p.part_ml[split * p.rows_total + row] = make_float2(-INFINITY, 0.f);
+    }
     return;
-  }
-  const T* kg = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1;
-  const T* vg = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1;
-  if constexpr (STAGE) {  // K and V of the visible blocks on their way to shared memory, every copy at once
-    stage_rows<T, D>(ks, kg, p.ks2, s_vis, nblocks, key_begin, p.s);
-    stage_rows<T, D>(vs, vg, p.vs2, s_vis, nblocks, key_begin, p.s);
   }
 #pragma unroll
   for (int n = 0; n < MPT; ++n) {  // finite hidden values must not enter the softmax without their scores
     const int i = tid + n * kWarps * 32;
     if (i < RT * keys && !s_vis[(i % keys) / kBlockN]) sc[(i / keys) * p.chunk + i % keys] = -INFINITY;
   }
-  if constexpr (STAGE) copies_wait<1>();  // this thread's K copies; the barrier makes everyone's visible
-  __syncthreads();
 
-  // ---- scores of the visible blocks (V still landing) ----
+  const T* kbase = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + dsub * 8;
+  const T* vbase = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + dsub * 8;
+
+  // ---- scores of the visible blocks ----
   for (int blk = 0; blk < nblocks; ++blk) {
     if (!s_vis[blk]) continue;
+    const int k0 = key_begin + blk * kBlockN;
 #pragma unroll
     for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
       uint4 kv[UNROLL];
-      if constexpr (STAGE) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-          kv[u] = *reinterpret_cast<const uint4*>(ks + (blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot) * D + dsub * 8);
-      } else {
-        load_rows(kv, kg + dsub * 8, p.ks2, key_begin + blk * kBlockN + st0 * KPS + warp * KPW + kslot, KPS, p.s);
-      }
+      load_rows(kv, kbase, p.ks2, k0 + st0 * KPS + warp * KPW + kslot, KPS, p.s);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-      const int j = blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot;
-      float f[8];
-      unpack8(kv[u], f, static_cast<const T*>(nullptr));
+        const int j = (st0 + u) * KPS + warp * KPW + kslot;
+        float f[8];
+        unpack8(kv[u], f, static_cast<const T*>(nullptr));
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        float d = 0.f;
+        for (int r = 0; r < RT; ++r) {
+          float d = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) d = fmaf(qr[r][e], f[e], d);
-        d = sum_key_lanes<LPK>(d);
-        if (dsub == 0 && r < nr && key_begin + j < p.s) sc[r * p.chunk + j] += d;
-      }
+          for (int e = 0; e < 8; ++e) d = fmaf(qr[r][e], f[e], d);
+          d = sum_key_lanes<LPK>(d);
+          if (dsub == 0 && r < nr && k0 + j < p.s) sc[r * p.chunk + blk * kBlockN + j] += d;
+        }
       }
     }
   }
@@ -295,7 +235,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     }
   }
   for (int i = tid; i < RT * D; i += kWarps * 32) so[i] = 0.f;
-  if constexpr (STAGE) copies_wait<0>();
   __syncthreads();
 
   // ---- probabilities @ V over the visible blocks ----
@@ -306,27 +245,22 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     for (int e = 0; e < 8; ++e) o[r][e] = 0.f;
   for (int blk = 0; blk < nblocks; ++blk) {
     if (!s_vis[blk]) continue;
+    const int k0 = key_begin + blk * kBlockN;
 #pragma unroll
     for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
       uint4 vv[UNROLL];
-      if constexpr (STAGE) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-          vv[u] = *reinterpret_cast<const uint4*>(vs + (blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot) * D + dsub * 8);
-      } else {
-        load_rows(vv, vg + dsub * 8, p.vs2, key_begin + blk * kBlockN + st0 * KPS + warp * KPW + kslot, KPS, p.s);
-      }
+      load_rows(vv, vbase, p.vs2, k0 + st0 * KPS + warp * KPW + kslot, KPS, p.s);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-      const int j = blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot;
-      float f[8];
-      unpack8(vv[u], f, static_cast<const T*>(nullptr));
+        const int j = blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot;
+        float f[8];
+        unpack8(vv[u], f, static_cast<const T*>(nullptr));
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const float pr = sc[r * p.chunk + j];
+        for (int r = 0; r < RT; ++r) {
+          const float pr = sc[r * p.chunk + j];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[r][e] = fmaf(pr, f[e], o[r][e]);
-      }
+          for (int e = 0; e < 8; ++e) o[r][e] = fmaf(pr, f[e], o[r][e]);
+        }
       }
     }
   }
@@ -348,76 +282,22 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   }
 
   for (int i = tid; i < nr * D; i += kWarps * 32) {
-    const int r = i / D, d = i % D;
-    const int64_t row = row_index(p, b, kvh, r0 + r);
+    const int r = i / D, d = i % D, rr = r0 + r;
+    const int h = kvh * p.group + rr / p.lq, qi = rr % p.lq;
+    const int64_t row = (static_cast<int64_t>(b) * p.hq + h) * p.lq + qi;
     if (p.splits == 1) {
       const float l = s_l[r];
-      if (!(p.finite_mask && !(s_m[r] > kHiddenLog2)))  // else recomputed below
-        static_cast<T*>(p.out)[out_offset(p, row) + d] = from_float<T>(l > 0.f ? so[i] / l : 0.f);
+      static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? so[i] / l : 0.f);
+      if (p.hidden && d == 0) p.hidden[row] = !(s_m[r] > kHiddenLog2);
     } else {
       if (s_m[r] != -INFINITY) p.part_o[(split * p.rows_total + row) * D + d] = so[i];  // else never read
       if (d == 0) p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
     }
   }
-  if (p.splits == 1 && p.finite_mask) {  // s_m is shared: every thread takes the same branches
-    for (int r = 0; r < nr; ++r) {
-      if (!(s_m[r] > kHiddenLog2)) {
-        recompute_row<T, D, kWarps>(p, row_index(p, b, kvh, r0 + r));
-        __syncthreads();
-      }
-    }
-  }
 }
 
-// A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by
-// exp(score + mask), so this row is computed again over all of them, without skipping (rare: a padded
-// query row), by the W warps of the calling CTA. A row hidden by -inf everywhere gives 0.
 template <typename T, int D, int W>
-__device__ void recompute_row(const Params& p, int64_t row) {
-  constexpr int E = D / 32;  // elements per lane
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
-  const int64_t kvh = h / (p.hq / p.hkv);
-  const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + h * p.qs1 + qi * p.qs2 + lane * E;
-  const T* kp = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + lane * E;
-  const T* vp = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + lane * E;
-  const int64_t moff = b * p.ms0 + h * p.ms1 + qi * p.ms2;
-  float qr[E], acc[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) qr[e] = to_float(qp[e]) * p.scale_log2, acc[e] = 0.f;
-  float m = -INFINITY, l = 0.f;
-  for (int j = warp; j < p.s; j += W) {  // online softmax over this warp's keys
-    float sc = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) sc = fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc);
-    sc = sum_key_lanes<32>(sc) + mask_at<T>(p, moff + j * p.ms3);
-    if (sc == -INFINITY) continue;
-    const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
-    l = l * c + w;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + w * to_float(vp[j * p.vs2 + e]);
-    m = mn;
-  }
-  __shared__ float s_m[W], s_l[W], s_acc[W][D];
-  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
-#pragma unroll
-  for (int e = 0; e < E; ++e) s_acc[warp][lane * E + e] = acc[e];
-  __syncthreads();
-  float mx = -INFINITY;
-  for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w]);
-  for (int d = threadIdx.x; d < D; d += W * 32) {
-    float num = 0.f, den = 0.f;
-    if (mx != -INFINITY) {
-      for (int w = 0; w < W; ++w) {
-        if (s_m[w] == -INFINITY) continue;
-        const float c = exp2f(s_m[w] - mx);
-        num += s_acc[w][d] * c;
-        den += s_l[w] * c;
-      }
-    }
-    static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(den > 0.f ? num / den : 0.f);
-  }
-}
+__device__ void recompute_row(const Params& p, int64_t row);
 
 // One block of D threads per output row: rescale each split's partial sums to the common max (a row no key
 // shows above -60000 under a finite mask is computed again here, see recompute_row). The splits'
@@ -473,6 +353,62 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
 }
 
+// A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by
+// exp(score + mask), so this row is computed again over all of them, without skipping (rare: a padded
+// query row), by the W warps of the calling CTA. A row hidden by -inf everywhere gives 0.
+template <typename T, int D, int W>
+__device__ void recompute_row(const Params& p, int64_t row) {
+  constexpr int E = D / 32;  // elements per lane
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
+  const int64_t kvh = h / (p.hq / p.hkv);
+  const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + h * p.qs1 + qi * p.qs2 + lane * E;
+  const T* kp = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + lane * E;
+  const T* vp = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + lane * E;
+  const int64_t moff = b * p.ms0 + h * p.ms1 + qi * p.ms2;
+  float qr[E], acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) qr[e] = to_float(qp[e]) * p.scale_log2, acc[e] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  for (int j = warp; j < p.s; j += W) {  // online softmax over this warp's keys
+    float sc = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) sc = fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc);
+    sc = sum_key_lanes<32>(sc) + mask_at<T>(p, moff + j * p.ms3);
+    if (sc == -INFINITY) continue;
+    const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
+    l = l * c + w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + w * to_float(vp[j * p.vs2 + e]);
+    m = mn;
+  }
+  __shared__ float s_m[W], s_l[W], s_acc[W][D];
+  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
+#pragma unroll
+  for (int e = 0; e < E; ++e) s_acc[warp][lane * E + e] = acc[e];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w]);
+  for (int d = threadIdx.x; d < D; d += W * 32) {
+    float num = 0.f, den = 0.f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < W; ++w) {
+        if (s_m[w] == -INFINITY) continue;
+        const float c = exp2f(s_m[w] - mx);
+        num += s_acc[w][d] * c;
+        den += s_l[w] * c;
+      }
+    }
+    static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(den > 0.f ? num / den : 0.f);
+  }
+}
+
+// One split only: the main kernel flagged the hidden rows; one CTA per row, other rows return at once.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
+  if (!p.hidden[blockIdx.x]) return;
+  recompute_row<T, D, kWarps>(p, blockIdx.x);
+}
 
 bool aligned16(const at::Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
@@ -520,62 +456,26 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// Splits of the cache, whole 64-key blocks, at most max_blocks each: enough CTAs for ~8 per SM, so that the
-// CTAs a short visible prefix keeps busy still fill the GPU (the others only read their mask).
-void split_cache(Params& p, int64_t blocks_x, int nb, int max_blocks) {
-  const int64_t target = 8 * static_cast<int64_t>(sm_count());
-  int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
-  splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
-  const int chunk_blocks = (nb + splits - 1) / splits;
-  p.splits = (nb + chunk_blocks - 1) / chunk_blocks;
-  p.chunk = chunk_blocks * kBlockN;
-  TORCH_CHECK(p.splits < 65536, "fusekit: decode_attention: cache too long: ", p.s, " slots");
-}
-
-template <typename T, int D, int RT, bool STAGE>
-size_t smem_bytes(const Params& p) {
-  return (STAGE ? 2 * static_cast<size_t>(p.chunk) * D * sizeof(T) : 0) +
-         (static_cast<size_t>(RT) * p.chunk + RT * D) * sizeof(float);
-}
-
-// Staged or not. Staging (cp.async, K and V of a split in shared memory, up to 64 KB) takes one memory
-// round trip per CTA where the register path takes one per 64-key block of K and then of V, but holds 3
-// CTAs per SM where the register path holds 5. It is used when the whole grid is resident at once (batch 1
-// to a few sequences); in waves, the CTAs that only read their mask queue behind it. Op alone, 8 layers in a
-// CUDA graph (H100, bf16, 4096 slots; benchmarks/NOTES.md): Llama-style b1 @1024 16.9 -> 15.8 us, @4000
-// 20.6 -> 19.2; b32 @1024 48.2 staged would be 65.1.
 template <typename T, int D, int RT>
-void run(Params& p, int64_t blocks_x, int nb, const at::Tensor& q) {
+void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
+  const size_t smem = (static_cast<size_t>(RT) * p.chunk + RT * D) * sizeof(float);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  split_cache(p, blocks_x, nb, max_chunk(D) / kBlockN);
-  const auto staged = decode_attention_kernel<T, D, RT, true>;
-  size_t smem = smem_bytes<T, D, RT, true>(p);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  int resident = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, staged, kWarps * 32, smem));
-  const bool stage = blocks_x * p.splits <= static_cast<int64_t>(resident) * sm_count();
-  if (!stage) {
-    split_cache(p, blocks_x, nb, kRegisterChunkBlocks);
-    smem = smem_bytes<T, D, RT, false>(p);
-  }
-  at::Tensor part_o, part_ml;  // freed after the launches: the caching allocator orders reuse on the stream
-  if (p.splits > 1) {
-    part_o = at::empty({p.splits, p.rows_total, D}, q.options().dtype(at::kFloat));
-    part_ml = at::empty({p.splits, p.rows_total, 2}, q.options().dtype(at::kFloat));
-    p.part_o = part_o.data_ptr<float>();
-    p.part_ml = reinterpret_cast<float2*>(part_ml.data_ptr<float>());
-  }
-  const dim3 grid(blocks_x, p.splits, 1);
-  if (stage) {
-    staged<<<grid, kWarps * 32, smem, stream>>>(p);
-  } else {
-    decode_attention_kernel<T, D, RT, false><<<grid, kWarps * 32, smem, stream>>>(p);
-  }
+  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.splits > 1) {
     combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  if (p.hidden) {  // one split: no combine to recompute the hidden rows in
+    hidden_rows<T, D><<<p.rows_total, kWarps * 32, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename T, int D>
+void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
+  if (rt == 1) return launch<T, D, 1>(p, blocks_x, q);
+  launch<T, D, 4>(p, blocks_x, q);
 }
 
 at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -594,7 +494,16 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int zchunks = (rows + rt - 1) / rt;
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
+
+  // Splits: enough CTAs for ~8 per SM, at most kMaxChunk keys each (so that the CTAs a short visible prefix
+  // keeps busy still fill the GPU; the others only read their mask), whole 64-key blocks.
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
+  const int64_t target = 8 * static_cast<int64_t>(sm_count());
+  int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
+  splits = std::max(splits, (nb + kMaxChunk / kBlockN - 1) / (kMaxChunk / kBlockN));
+  const int chunk_blocks = (nb + splits - 1) / splits;
+  splits = (nb + chunk_blocks - 1) / chunk_blocks;
+  TORCH_CHECK(splits < 65536, "fusekit: decode_attention: cache too long: ", describe(k));
 
   Params p{};
   p.q = q.data_ptr();
@@ -618,18 +527,25 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   p.rows_total = B * hq * lq;
   p.hq = static_cast<int>(hq), p.hkv = static_cast<int>(hkv), p.lq = static_cast<int>(lq);
   p.s = static_cast<int>(S), p.group = group, p.rows = rows, p.zchunks = zchunks;
+  p.chunk = chunk_blocks * kBlockN, p.splits = splits;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  at::Tensor part_o, part_ml, hidden;
   p.finite_mask = p.mask_kind == kSameMask || p.mask_kind == kFloatMask;  // finite values can hide a row
+  if (p.finite_mask && splits == 1) {
+    hidden = at::empty({p.rows_total}, q.options().dtype(at::kInt));
+    p.hidden = hidden.data_ptr<int>();
+  }
+  if (splits > 1) {
+    part_o = at::empty({splits, p.rows_total, d}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({splits, p.rows_total, 2}, q.options().dtype(at::kFloat));
+    p.part_o = part_o.data_ptr<float>();
+    p.part_ml = reinterpret_cast<float2*>(part_ml.data_ptr<float>());
+  }
   const auto dispatch = [&](auto tag) {
     using T = decltype(tag);
-    const auto rows_per_cta = [&](auto dim) {
-      constexpr int D = decltype(dim)::value;
-      if (rt == 1) return run<T, D, 1>(p, blocks_x, nb, q);
-      run<T, D, 4>(p, blocks_x, nb, q);
-    };
-    if (d == 64) return rows_per_cta(std::integral_constant<int, 64>{});
-    if (d == 128) return rows_per_cta(std::integral_constant<int, 128>{});
-    rows_per_cta(std::integral_constant<int, 256>{});
+    if (d == 64) return launch_rows<T, 64>(p, blocks_x, rt, q);
+    if (d == 128) return launch_rows<T, 128>(p, blocks_x, rt, q);
+    return launch_rows<T, 256>(p, blocks_x, rt, q);
   };
   dispatch_half_bf16(q.scalar_type(), dispatch);
   return out;
