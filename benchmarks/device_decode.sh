@@ -5,17 +5,7 @@
 # DEADLINE (s, the bench stops there), GEN_CACHE (generate's cache sizes), PROFILE (batch:position ...), KTESTS (extra pytest args for tests/test_kernels_gpu.py -k), CUTLASS (1: carry .whl for the matmul kernels).
 set -uo pipefail
 T0=$(date +%s)  # the bench gets what is left of DEADLINE (s) after install and tests
-OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} FUSEKIT_CACHE=${FUSEKIT_CACHE:-/tmp/fkc}
-# A kernel/pattern cache an earlier call saved ($OUT/fkc.tgz, carried back as .fkc/) skips the build.
-[ -f .fkc/fkc.tgz ] && mkdir -p "$FUSEKIT_CACHE" && tar xzf .fkc/fkc.tgz -C "$FUSEKIT_CACHE"
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee "$OUT/gpu.txt"
-[ "${CUTLASS:-0}" = 1 ] && python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
-if ! command -v fusekit >/dev/null; then
-  START=$(date +%s)
-  python3 -m pip install -v --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
-  echo "install: $(( $(date +%s) - START )) s" | tee -a "$OUT/gpu.txt"
-fi
+. benchmarks/device_setup.sh  # $OUT, environment, carried cache, versions, install
 [ -f .fkc/fkc.tgz ] || (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)
 fusekit doctor 2>&1 | grep -E "kernels|decode" | tee -a "$OUT/gpu.txt"
 if [ "${TESTS:-1}" = 1 ]; then

@@ -6,16 +6,7 @@
 # (none: no step bench), BATCHES, POSITIONS, DEADLINE (s), PROFILE (batch:position ...) of PROFILE_MODEL, SAN (0: no memcheck).
 set -uo pipefail
 T0=$(date +%s)
-OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} FUSEKIT_CACHE=${FUSEKIT_CACHE:-/tmp/fkc}
-[ -f .fkc/fkc.tgz ] && mkdir -p "$FUSEKIT_CACHE" && tar xzf .fkc/fkc.tgz -C "$FUSEKIT_CACHE"
-python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee "$OUT/gpu.txt"
-[ "${CUTLASS:-0}" = 1 ] && python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
-if ! command -v fusekit >/dev/null; then
-  START=$(date +%s)
-  python3 -m pip install -v --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
-  echo "install: $(( $(date +%s) - START )) s" | tee -a "$OUT/gpu.txt"
-fi
+. benchmarks/device_setup.sh  # $OUT, environment, carried cache, versions, install
 (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)
 fusekit doctor 2>&1 | grep -E "kernels|decode" | tee -a "$OUT/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "decode_gemm" > "$OUT/pytest_gemm.log" 2>&1
