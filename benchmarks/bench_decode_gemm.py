@@ -2,7 +2,7 @@
 Inductor, fusekit (compiled; the rule fires where its guards let it) and the op called directly (every row
 count), against the weight bytes at the copy bandwidth.
 
-    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,16,32,64] [--models llama,qwen2]
+    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,16,32,64] [--models llama,qwen2] [--linears q+k+v,k/v]
 
 Each weight is read cold, as in a step whose layers' weights do not fit in L2: every timed function runs
 over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R back-to-back calls, and the
@@ -21,20 +21,31 @@ import torch
 
 from fusion_backend.tools.cuda_graphs import capture
 from fusion_backend import stats
-from fusion_backend.patterns.decode_gemm import MAX_ROWS, decode_linear_ref  # the table's reference
+from fusion_backend.patterns.decode_gemm import MAX_ROWS, decode_linear_ref, decode_qkv_ref  # the table's references
 from fusion_backend.tools.models import MODELS
 
 MB = 2**20
 
 
-def linears(spec) -> list[tuple[str, int, int, bool]]:
-    """(name, K, N, gated) of a decoder's decode-step linears (q, k and v, o, gate+up, down, lm_head)."""
+def linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
+    """(name, K, the weights' N, kind) of a decoder's decode-step linears: q, k and v one by one and as the
+    q/k/v rule's one op, o, gate+up, down, lm_head; kind in plain / silu_mul (gate+up) / qkv."""
     c = spec.full
     h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim", h // heads)
-    return [("q", h, heads * d, False), ("k/v", h, kv * d, False), ("o", heads * d, h, False),
-            ("gate+up", h, c["intermediate_size"], True), ("down", c["intermediate_size"], h, False),
-            ("lm_head", h, c["vocab_size"], False)]
+    return [("q", h, (heads * d,), "plain"), ("k/v", h, (kv * d,), "plain"),
+            ("q+k+v", h, (heads * d, kv * d, kv * d), "qkv"), ("o", heads * d, (h,), "plain"),
+            ("gate+up", h, (c["intermediate_size"],) * 2, "silu_mul"), ("down", c["intermediate_size"], (h,), "plain"),
+            ("lm_head", h, (c["vocab_size"],), "plain")]
+
+
+def reference_and_op(kind: str):
+    """(the rule's reference, the op called directly) for a linear of `kind`, both taking (x, *weights)."""
+    if kind == "qkv":
+        return decode_qkv_ref, torch.ops.fusekit.decode_qkv
+    act = "none" if kind == "plain" else kind
+    return ((lambda x, w, w2=None: decode_linear_ref(x, w, w2, act)),
+            (lambda x, w, w2=None: torch.ops.fusekit.decode_linear(x, w, w2, act)))
 
 
 def graph_time(fn, sets: int, reps: int) -> float:
@@ -57,46 +68,43 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / ms / 1e6
 
 
-def run(models: list[str], rows: list[int], rounds: int, reps: int, dtype=torch.bfloat16) -> list[dict]:
+def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[str] | None = None,
+        dtype=torch.bfloat16) -> list[dict]:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     out, seen = [], set()
     for spec in (MODELS[name] for name in models):
-        for name, k, n, gated in linears(spec):
-            if (k, n, gated) in seen:
+        for name, k, ns, kind in linears(spec):
+            if (k, ns, kind) in seen or (only and name not in only):
                 continue
-            seen.add((k, n, gated))
-            nw = 2 if gated else 1
-            wbytes = n * k * 2 * nw
+            seen.add((k, ns, kind))
+            wbytes = sum(ns) * k * 2
             sets = max(2, min(64, math.ceil(256 * MB / wbytes)))
-            ws = [[torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for _ in range(nw)] for _ in range(sets)]
-            act = "silu_mul" if gated else "none"
+            ws = [[torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] for _ in range(sets)]
+            ref, op = reference_and_op(kind)
             for m in rows:
                 x = torch.randn(m, 1, k, device="cuda", dtype=dtype)
-
-                def ref(x, w, w2=None):
-                    return decode_linear_ref(x, w, w2, act)
-
                 torch._dynamo.reset()
                 ind = torch.compile(ref, backend="inductor")
                 fk = torch.compile(ref, backend="fusekit")
                 fns = {"eager": lambda i: ref(x, *ws[i]), "inductor": lambda i: ind(x, *ws[i]),
-                       "fusekit": lambda i: fk(x, *ws[i]),
-                       "op": lambda i: torch.ops.fusekit.decode_linear(x, ws[i][0], ws[i][1] if gated else None, act)}
+                       "fusekit": lambda i: fk(x, *ws[i]), "op": lambda i: op(x, *ws[i])}
                 with stats.collect() as records:
                     fk(x, *ws[0])
                 sites = sum(sum(r.sites.values()) for r in records)
-                err = (fns["op"](0).float() - ref(x, *ws[0]).float()).abs().max().item()
+                got, want = fns["op"](0), ref(x, *ws[0])
+                err = max((a.float() - b.float()).abs().max().item() for a, b in
+                          zip(*(o if isinstance(o, (tuple, list)) else (o,) for o in (got, want))))
                 times = {key: [] for key in fns}
                 for _ in range(rounds):
                     for key, f in fns.items():
                         times[key].append(graph_time(f, sets, reps))
-                row = {"model": spec.name, "linear": name, "K": k, "N": n, "gated": gated, "rows": m,
-                       "weight_MB": wbytes / MB, "sites": sites, "max_abs_diff_vs_eager": err,
+                row = {"model": spec.name, "linear": name, "K": k, "N": "+".join(map(str, ns)), "kind": kind,
+                       "rows": m, "weight_MB": wbytes / MB, "sites": sites, "max_abs_diff_vs_eager": err,
                        **{f"{key}_ms": statistics.median(v) for key, v in times.items()},
                        "floor_ms": wbytes / bw / 1e6}
                 out.append(row)
-                print(f"{spec.name:6s} {name:8s} K={k:5d} N={n:6d} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
+                print(f"{spec.name:6s} {name:8s} K={k:5d} N={row['N']:>14s} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
                       f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
@@ -107,8 +115,8 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, dtype=torch.
 def markdown(rows: list[dict], device: str) -> str:
     lines = [f"# decode_gemm: the decode step's linears ({device}, torch {torch.__version__}, bf16, cold weights)", "",
              f"us per call; speedup = Inductor / op; floor = weight bytes at the copy bandwidth. By default the "
-             f"gate/up rule fires up to {MAX_ROWS['gate_up_silu']} rows; the plain linear fires only where named "
-             f"(up to {MAX_ROWS['linear']} rows).", "",
+             f"gate/up rule fires up to {MAX_ROWS['gate_up_silu']} rows and the q/k/v rule up to {MAX_ROWS['qkv']}; "
+             f"the plain linear fires only where named (up to {MAX_ROWS['linear']} rows).", "",
              "| model | linear | K x N | rows | eager | Inductor | fusekit (sites) | op | floor | op vs Inductor | op % of floor |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -145,12 +153,14 @@ def main() -> None:
     ap.add_argument("--out", default="out")
     ap.add_argument("--models", default="llama,qwen2")
     ap.add_argument("--rows", default="1,8,16,32,64")
+    ap.add_argument("--linears", default="", help="only these (names as in the table: q,k/v,q+k+v,o,gate+up,down,lm_head)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps)
+    rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps,
+               set(a.linears.split(",")) if a.linears else None)
     device = torch.cuda.get_device_name()
     (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     (out / "decode_gemm.md").write_text(markdown(rows, device))

@@ -59,6 +59,8 @@ SCHEMAS = {
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
     # the linears of a decode step (few rows): x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T)
     "decode_linear": "decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor",
+    # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T
+    "decode_qkv": "decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv) -> (Tensor, Tensor, Tensor)",
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": (
         "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
@@ -69,7 +71,7 @@ ANY_STRIDES = {"attention", "decode_attention", "matmul_epilogue"}
 # Ops whose output takes the layout of their first input (the fake's empty_like), not a contiguous one.
 OUT_LIKE_FIRST = {"attention", "decode_attention"}
 # Ops whose CUDA kernel takes fewer dtypes than their rules (which also run on CPU): the rest stay Inductor's.
-CUDA_DTYPES = {"decode_attention": (torch.float16, torch.bfloat16), "decode_linear": (torch.float16, torch.bfloat16)}
+CUDA_DTYPES = {op: (torch.float16, torch.bfloat16) for op in ("decode_attention", "decode_linear", "decode_qkv")}
 for _name, _schema in SCHEMAS.items():
     LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
 
@@ -209,6 +211,14 @@ def _(x, w, w2, act):
     torch._check((act == "silu_mul") == (w2 is not None) and act in ("none", "silu_mul"),
                  lambda: f"decode_linear: act {act!r} with w2 {'given' if w2 is not None else 'None'}")
     return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_qkv")
+def _(x, wq, wk, wv):
+    for w in (wq, wk, wv):
+        torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1],
+                     lambda: f"decode_qkv: want x [..., K], w [N, K]; got {tuple(x.shape)}, {tuple(w.shape)}")
+    return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
 
 
 @torch.library.register_fake("fusekit::verify")

@@ -85,6 +85,10 @@ class Pattern:
     output_casts: tuple[torch.dtype, ...] = ()
     # Also match without the expands of arguments that a traced torch.matmul carries (a direct torch.bmm).
     expand_optional: bool = False
+    # Tensor parameters that must bind distinct graph nodes. A rule of several outputs that share only an
+    # input (q/k/v projections of one x) finds each further output among that input's users; without this,
+    # two outputs of the pattern could bind one projection of the graph.
+    exclusive: tuple[str, ...] = ()
 
     def on_by_default(self, dtype: torch.dtype) -> bool:
         return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)

@@ -31,6 +31,11 @@ def _dummy_scalars(pattern: Pattern) -> dict[str, float | int]:
     return out
 
 
+# A rule input in a pattern: a plain one, or one that must bind a node no other exclusive input binds
+# (Pattern.exclusive).
+_ARGS = (pm.KeywordArg, pm.ExclusiveKeywordArg)
+
+
 def _map_dag(expr: Any, fn: Callable[[Any, list[Any], dict[str, Any]], Any]) -> Any:
     """Rebuild the pattern DAG `expr` bottom-up: each CallFunction becomes fn(node, new args, new kwargs).
     A node shared by several users (one PatternExpr object) is rebuilt once and stays shared."""
@@ -84,7 +89,7 @@ def _commuted(expr: Any) -> list[Any]:
         expr,
         lambda e: (len(e.args) == 2 and bool(set(e.fns) & _COMMUTATIVE)
                    and all(isinstance(a, pm.PatternExpr) for a in e.args)
-                   and any(isinstance(a, pm.KeywordArg) for a in e.args)),
+                   and any(isinstance(a, _ARGS) for a in e.args)),
         lambda e, args: pm.CallFunction(e.fns, *args[::-1], _users=e.users, **e.kwargs))
 
 
@@ -102,7 +107,7 @@ def _size(expr: Any) -> int:
 
 
 def _keyword_names(expr: Any) -> set[str]:
-    if isinstance(expr, pm.KeywordArg):
+    if isinstance(expr, _ARGS):
         return {expr.name}
     if isinstance(expr, pm.MultiOutputPattern):
         return set().union(*map(_keyword_names, expr.outputs))
@@ -159,7 +164,7 @@ def trace_search_pattern_and_forms(pattern: Pattern, dtype: torch.dtype, device:
                 if form(d) != d:
                     inverse[name] = i
                 break
-    expr = pm.fx_to_pattern(gm, argnames=argnames, scalar_workaround=workaround)
+    expr = pm.fx_to_pattern(gm, argnames=argnames, scalar_workaround=workaround, exclusive_arg_names=pattern.exclusive)
     if pattern.trace == "inductor":
         expr = _shape_wildcards(expr)
     missing = set(pattern.arg_names) - _keyword_names(expr)
@@ -262,7 +267,7 @@ def _expand_variants(expr: Any) -> list[Any]:
     """`expr` with and without each expand of an argument: matmul's decomposition expands its operands to
     the batch shape (a no-op at equal sizes), which a direct torch.bmm call does not."""
     return _dag_variants(expr, lambda e: aten.expand.default in e.fns and bool(e.args)
-                         and isinstance(e.args[0], pm.KeywordArg), lambda e, args: args[0])
+                         and isinstance(e.args[0], _ARGS), lambda e, args: args[0])
 
 
 def _downcast_root(expr: Any, dtype: torch.dtype) -> Any:

@@ -28,7 +28,7 @@ from fusion_backend.registry import Pattern, rand
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
 # Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8
 # (H100, bench_decode_gemm.py); the plain linear (off by default) where named, up to 32.
-MAX_ROWS = {"gate_up_silu": 8, "linear": 32}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 8, "linear": 32}
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
@@ -36,10 +36,15 @@ def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str =
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
 
 
+def decode_qkv_ref(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
+
+
 # ---- checks ----------------------------------------------------------------------------------------
-def weight_operands(x: str, *weights: str) -> G.Guard:
+def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
     """Can fire: plain int sizes; x [..., K] contiguous; each weight a contiguous [N, K] (nn.Linear's), one
-    shape for all; K and N multiples of 8 and every tensor 16-byte aligned (the kernel's 16-byte loads)."""
+    shape for all unless not `one_shape`; K and every N multiples of 8 and every tensor 16-byte aligned (the
+    kernel's 16-byte loads)."""
     def check(s: G.Site) -> str | None:
         tx, tws = s.tensor(x), [s.tensor(w) for w in weights]
         sizes = [*tx.shape, *tx.stride(), tx.storage_offset()] + [v for t in tws for v in (*t.shape, *t.stride(),
@@ -50,11 +55,12 @@ def weight_operands(x: str, *weights: str) -> G.Guard:
             return f"{x} {tuple(tx.shape)} must be contiguous rows (strides {tx.stride()})"
         k = tx.shape[-1]
         for name, t in zip(weights, tws):
-            if t.dim() != 2 or t.shape[1] != k or tuple(t.shape) != tuple(tws[0].shape) or not t.is_contiguous():
+            if t.dim() != 2 or t.shape[1] != k or (one_shape and tuple(t.shape) != tuple(tws[0].shape)) \
+                    or not t.is_contiguous():
                 return f"{name} {tuple(t.shape)} (strides {t.stride()}) is not a contiguous [N, {k}] weight"
-        n = tws[0].shape[0]
-        if k % 8 or n % 8 or k == 0:
-            return f"K={k} and N={n} must be positive multiples of 8"
+        ns = sorted({t.shape[0] for t in tws})
+        if k % 8 or any(n % 8 for n in ns) or k == 0:
+            return f"K={k} and N={'/'.join(map(str, ns))} must be positive multiples of 8"
         if any(t.storage_offset() % 8 for t in (tx, *tws)):
             return "a storage offset is not a multiple of 8 elements (16 bytes)"
         return None
@@ -110,5 +116,29 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
     )
 
 
-PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2), _rule("linear", False, 3),
-            _rule("linear", False, 2)]
+# q/k/v: case = (*rows, K, Nq, Nkv); Llama-style, Qwen2-style, MHA (one N), awkward sizes as above
+QKV_GPU_CASES = {3: ((8, 1, 2048, 2048, 512), (1, 1, 1536, 1536, 256), (2, 3, 1024, 1024, 1024), (3, 1, 72, 200, 8),
+                     (40, 1, 264, 136, 24)),
+                 2: ((4, 2048, 2048, 512), (1, 1536, 1536, 256), (17, 1032, 24, 8), (70, 64, 8, 16))}
+
+
+def _qkv_inputs(case, dt, dev):
+    *rows, k, nq, nkv = case
+    return (rand((*rows, k), dt, dev), *(rand((n, k), dt, dev, scale=k ** -0.5) for n in (nq, nkv, nkv)))
+
+
+def _qkv_rule(rank: int) -> Pattern:
+    trace_case = (2, 1, 16, 24, 8) if rank == 3 else (2, 16, 24, 8)
+    return Pattern(
+        f"decode_gemm.qkv{'' if rank == 3 else '_2d'}", reference=decode_qkv_ref, op="decode_qkv",
+        dtypes=DTYPES, inputs=_qkv_inputs, trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"),
+        cases=((1, 1, 32, 40, 16), (2, 3, 16, 24, 8)) if rank == 3 else ((5, 32, 40, 16), (3, 16, 24, 8)),
+        gpu_cases=QKV_GPU_CASES[rank],
+        bad_layout=lambda dt, dev: _qkv_inputs((*trace_case[:-2], 20, 8), dt, dev), bad_reason="multiples of 8",
+        guards=(G.same_dtype("x", "wq", "wk", "wv"), weight_operands("x", "wq", "wk", "wv", one_shape=False),
+                few_rows("x", MAX_ROWS["qkv"])),
+    )
+
+
+PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2), _qkv_rule(3), _qkv_rule(2),
+            _rule("linear", False, 3), _rule("linear", False, 2)]

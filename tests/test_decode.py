@@ -11,6 +11,8 @@ from fusion_backend.report import Report, no_compile_caches
 
 DECODERS = ["llama", "qwen2", "gpt2", "mistral"]
 RULE = {"gpt2": "decode.mha"}  # MHA: no repeat_kv; the others have grouped KV heads
+# q, k and v as three bias-free linears of one input (Qwen2's carry biases: addmm on the CPU; GPT-2 has one c_attn)
+QKV = {"llama", "mistral"}
 
 
 def _fusekit(model):
@@ -39,6 +41,7 @@ def test_decode_step_fires_and_matches_inductor(name):
             out = st(_fusekit(st.model))
     rep = Report(list(records))
     assert rep.sites[RULE.get(name, "decode.gqa")] == layers, str(rep)
+    assert rep.sites["decode_gemm.qkv"] == (layers if name in QKV else 0), str(rep)
     assert not rep.errors, str(rep)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 

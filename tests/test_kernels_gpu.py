@@ -50,25 +50,29 @@ def _case(p, n):
 def _check(p, args, out):
     refs = p.eager(*args)
     outs, refs = (out, refs) if isinstance(refs, tuple) else ((out,), (refs,))
-    for o, r in zip(outs, refs):
+    for i, (o, r) in enumerate(zip(outs, refs)):
         assert o.shape == r.shape and o.dtype == r.dtype, (o.shape, r.shape, o.dtype, r.dtype)
         if p.tol is registry.EXACT or not o.is_floating_point():
             if o.dtype == torch.float8_e4m3fn:  # compare bits (NaN-safe)
                 o, r = o.view(torch.uint8), r.view(torch.uint8)
             assert torch.equal(o, r), f"{p.id}: {(o.int() - r.int()).abs().max().item()} max diff"
         else:
-            _check_fa3(p, args, o, r)
+            _check_fa3(p, args, o, r, i)
 
 
-def _check_fa3(p, args, out, ref_same):
+def _check_fa3(p, args, out, ref_same, i=0):
     """At most 2x as far from a float64 reference as eager in the same dtype (the pattern's `baseline`
-    where the reference itself computes in a wider type). NaN exactly where the reference has NaN."""
+    where the reference itself computes in a wider type). NaN exactly where the reference has NaN. `i`: which
+    output, where the op returns several."""
     if out.numel() == 0:
         return
+    def nth(r):
+        return r[i] if isinstance(r, tuple) else r
+
     args64 = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    ref64 = p.eager(*args64)
+    ref64 = nth(p.eager(*args64))
     if p.baseline is not None:
-        ref_same = p.baseline(**dict(zip(p.arg_names, args)), **dict(p.static))
+        ref_same = nth(p.baseline(**dict(zip(p.arg_names, args)), **dict(p.static)))
     nan = ref64.isnan()
     assert torch.equal(out.isnan(), nan), f"{p.id}: NaN where the reference has none, or the reverse"
     out, ref_same, ref64 = out[~nan], ref_same[~nan], ref64[~nan]
@@ -546,3 +550,40 @@ def test_decode_linear_row_tiles_tails_and_graphs(dtype):
                                            None, "none").shape == (0, 16)
     with pytest.raises(RuntimeError, match="fusekit: decode_linear: w2"):
         torch.ops.fusekit.decode_linear(args[0], args[1], None, "silu_mul")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_qkv_parts_tails_and_graphs(dtype):
+    """decode_qkv: the three parts' column tiles side by side in one grid, at row counts over one, two and
+    four 16-row tiles, K tails, parts of 8 columns and parts with none (left out of the grid); every output
+    equal to decode_linear's of its weight (the same kernel, so bit for bit) and within the 2x rule of eager;
+    inside a CUDA graph too. Bad direct calls raise fusekit errors."""
+    p = table.by_id("decode_gemm.qkv_2d")
+    for m in (1, 17, 33, 70):
+        for k, nq, nkv in ((72, 200, 8), (1032, 64, 24), (2048, 2048, 512)):
+            args = p.make_args((m, k, nq, nkv), dtype, "cuda")
+            outs = _run(p, args)
+            _check(p, args, outs)
+            for o, w in zip(outs, args[1:]):
+                assert torch.equal(o, torch.ops.fusekit.decode_linear(args[0], w, None, "none"))
+    x = torch.randn(3, 64, device="cuda", dtype=dtype)
+    wq, wk = torch.randn(16, 64, device="cuda", dtype=dtype), torch.randn(0, 64, device="cuda", dtype=dtype)
+    q, k, v = torch.ops.fusekit.decode_qkv(x, wq, wk, wq)
+    assert k.shape == (3, 0) and torch.equal(q, v) and torch.equal(q, torch.ops.fusekit.decode_linear(x, wq, None, "none"))
+    args = p.make_args((5, 1024, 136, 24), dtype, "cuda")
+    g = torch.cuda.CUDAGraph()
+    _run(p, args)
+    with torch.cuda.graph(g):
+        outs = _run(p, args)
+    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, args, outs)
+    x = args[0]
+    for bad, match in (((x, args[1], args[2][:, :8], args[3]), "wk must be \\[N, K\\]"),
+                       ((x, args[1], args[2], args[3][:20]), "wv's N must be a multiple of 8"),
+                       ((x.float(), *args[1:]), "takes float16 or bfloat16"),
+                       ((x.t(), *args[1:]), "contiguous"),
+                       ((x, args[1].cpu(), *args[2:]), "dtype and device")):
+        with pytest.raises(RuntimeError, match=f"fusekit: decode_qkv.*{match}"):
+            torch.ops.fusekit.decode_qkv(*bad)

@@ -1,0 +1,235 @@
+// The decode-linear kernel shared by fusekit::decode_linear (one weight, or SwiGLU's gate and up) and
+// fusekit::decode_qkv (the q, k and v projections of one input in one launch): a few rows of activations
+// against weight matrices that are read once, straight from HBM, by as many thread blocks as fill the GPU.
+//
+// Why: at M <= 8 a linear is a pass over its weight, and cuBLAS's small-M kernels leave HBM bandwidth unused
+// (H100: 2 MB k/v projections at 13%; benchmarks/NOTES.md); SwiGLU's gate and up then take two such passes
+// plus an elementwise kernel, and q, k and v three launches. Here a CTA of 8 warps owns 8 output columns of
+// one part (q, k or v: the grid's x covers the parts' column tiles in turn) or of both gated weights, 16*MT
+// rows (gridDim.y covers more rows), and all of K: its warps take the 32-wide chunks in turn (neighbouring
+// warps, neighbouring chunks) and issue every load of U chunks before any product, so a lane's weight and
+// activation loads are in flight together; the warps' partial sums are added in shared memory. Tensor cores
+// (mma.sync m16n8k16) do the products: each lane loads 8 consecutive k of one weight row and of its
+// activation rows, and both operands take the same permutation of k inside a chunk (see mma_chunk), so no
+// shuffle or shared-memory staging is needed. Weights are streamed past L1 (no_allocate); x, read by every
+// column tile, stays in L1/L2. Runs on the current stream, no workspace.
+//
+// Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor's silu-mul for
+// gate/up at 1-8 rows (1.04-1.13x); slower than cuBLAS for every plain linear (0.43-0.98x), so that rule is
+// off by default. More columns per CTA (16-64) and K split over a thread-block cluster (2-8 CTAs, DSMEM
+// reduction) were slower at the decode shapes (the cluster split won only k/v at 1-8 rows, by up to 1.09x),
+// and were taken out.
+#pragma once
+#include "fusekit.h"
+
+namespace fusekit {
+namespace decode_gemm {
+
+
+constexpr int kWarps = 8;
+constexpr int kChunk = 32;  // k per lane group per step: 4 lanes x 8 elements
+
+// Both loads are volatile asm, as the products are, and unconditional (a lane past the edge reads the tensor's
+// first 16 bytes and drops them): straight-line code keeps them in program order, all issued before the first
+// product. (As __ldg behind branches, ptxas held fewer registers than one round of loads needs.)
+__device__ __forceinline__ uint4 load_stream(const void* p) {  // a weight: read once, keep it out of L1
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint4 load_cached(const void* p) {  // an activation: every column tile reads it
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// One 32-wide k chunk of a 16x8 tile. Lane (g = lane/4, t = lane%4) holds k [8t, 8t+8) of activation rows g and
+// g+8 (lo, hi) and of weight row g (w), as 4 words of 2 elements. m16n8k16 wants, per lane, k {2t, 2t+1, 2t+8,
+// 2t+9} of a 16-wide slice; giving the first mma words 0-1 and the second words 2-3 maps each of the 32 k
+// to one slot of one mma, identically for both operands, so the dot products are the chunk's.
+template <typename T>
+__device__ __forceinline__ void mma_chunk(float (&c)[4], const uint4& lo, const uint4& hi, const uint4& w) {
+  mma16816<T>(c, lo.x, hi.x, lo.y, hi.y, w.x, w.y);
+  mma16816<T>(c, lo.z, hi.z, lo.w, hi.w, w.z, w.w);
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+
+constexpr int kMaxParts = 3;
+
+// NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = silu(x w[0]^T) * (x w[1]^T).
+// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T; part i owns the column tiles
+// [tile_end[i-1], tile_end[i]) of the grid's x.
+struct Params {
+  const void* x;
+  const void* w[kMaxParts];
+  void* out[kMaxParts];
+  int n[kMaxParts];
+  int tile_end[kMaxParts];
+  int parts;
+  int m, k;
+};
+
+// Its part's index, selected with constant indices (a run-time index into the parameters would go through
+// local memory).
+template <typename V>
+__device__ __forceinline__ V part_of(const V (&a)[kMaxParts], int j) { return j == 0 ? a[0] : j == 1 ? a[1] : a[2]; }
+
+// CTA: 8 warps, 8 columns (blockIdx.x) of one part (or of both gated weights), 16*MT rows (blockIdx.y), all of K.
+template <typename T, int MT, int NW>
+__global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params p) {
+  constexpr int U = MT * NW <= 2 ? 4 : 2;       // chunks in flight per lane: fewer loads per chunk, more chunks
+  constexpr int F = MT * 4;                     // accumulators per lane and weight
+  extern __shared__ float red[];                // [kWarps][NW][F][32]: the warps' partial sums
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  int j = 0;  // the part this CTA's columns belong to
+  if constexpr (NW == 1) j = int(p.parts > 1 && int(blockIdx.x) >= p.tile_end[0]) +
+                             int(p.parts > 2 && int(blockIdx.x) >= p.tile_end[1]);
+  const int n0 = (int(blockIdx.x) - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * 8, m0 = blockIdx.y * 16 * MT;
+  const int n = part_of(p.n, j);
+  const T* wts[NW];
+#pragma unroll
+  for (int w = 0; w < NW; ++w) wts[w] = static_cast<const T*>(NW == 1 ? part_of(p.w, j) : p.w[w]);
+  const int chunks = (p.k + kChunk - 1) / kChunk;
+  const T* x = static_cast<const T*>(p.x);
+
+  float acc[NW][MT][4];
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[w][i][c] = 0.f;
+
+  for (int c0 = warp; c0 < chunks; c0 += kWarps * U) {
+    uint4 a[U][MT][2], b[U][NW];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load of U chunks first, then their products
+      const int kk = (c0 + u * kWarps) * kChunk + t * 8;
+      const bool kin = kk < p.k;  // K % 8 == 0: a lane's 8 elements all in or all out
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + i * 16 + h * 8 + g;
+          const bool ok = kin && row < p.m;
+          a[u][i][h] = load_cached(ok ? x + static_cast<int64_t>(row) * p.k + kk : x);
+          if (!ok) a[u][i][h] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const int col = n0 + g;
+        const bool ok = kin && col < n;
+        const T* wp = wts[w];
+        b[u][w] = load_stream(ok ? wp + static_cast<int64_t>(col) * p.k + kk : wp);
+        if (!ok) b[u][w] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int w = 0; w < NW; ++w)
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_chunk<T>(acc[w][i], a[u][i][0], a[u][i][1], b[u][w]);
+  }
+
+  // the warps' sums, in warp order (deterministic), then the epilogue; C fragment: c0,c1 row g, c2,c3 row g+8,
+  // columns 2t, 2t+1
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[((warp * NW + w) * F + i * 4 + c) * 32 + lane] = acc[w][i][c];
+  __syncthreads();
+  T* out = static_cast<T*>(part_of(p.out, j));
+  for (int e = threadIdx.x; e < F * 32; e += kWarps * 32) {
+    const int l = e % 32, f = e / 32, c = f % 4, i = f / 4;
+    const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + (l % 4) * 2 + c % 2;
+    float s[NW];
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      s[w] = 0.f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) s[w] += red[((v * NW + w) * F + f) * 32 + l];
+    }
+    if (row < p.m && col < n) {
+      float y = s[0];
+      if constexpr (NW == 2) y = round_to<T>(fast_silu(round_to<T>(s[0]))) * round_to<T>(s[1]);
+      out[static_cast<int64_t>(row) * n + col] = from_float<T>(y);
+    }
+  }
+}
+
+template <typename T, int MT, int NW>
+void launch(const Params& p, cudaStream_t stream) {
+  const dim3 grid(p.tile_end[p.parts - 1], (p.m + 16 * MT - 1) / (16 * MT));
+  const size_t smem = sizeof(float) * kWarps * NW * MT * 4 * 32;  // <= 32 KB
+  decode_linear_kernel<T, MT, NW><<<grid, kWarps * 32, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int NW>
+void launch_rows(const Params& p, cudaStream_t stream) {
+  if (p.m <= 16) return launch<T, 1, NW>(p, stream);
+  if (p.m <= 32) return launch<T, 2, NW>(p, stream);
+  launch<T, 4, NW>(p, stream);
+}
+
+
+// Host side: the checks both ops make, and the rows of x.
+inline void check_x(const at::Tensor& x, const char* op) {
+  FK_CHECK_CUDA(x);
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "fusekit: ", op,
+              " takes float16 or bfloat16, got x ", describe(x));
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && aligned16(x.data_ptr()), "fusekit: ", op,
+              ": x must be contiguous and 16-byte aligned; got ", describe(x));
+  TORCH_CHECK(x.size(-1) % 8 == 0 && x.size(-1) < (int64_t{1} << 31), "fusekit: ", op,
+              ": K = x.shape[-1] must be a multiple of 8 (below 2^31); got x ", describe(x));
+}
+
+inline void check_weight(const at::Tensor& x, const at::Tensor& w, const char* op, const char* name) {
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == x.size(-1), "fusekit: ", op, ": ", name, " must be [N, K] with K = ",
+              "x.shape[-1]; got x ", describe(x), ", ", name, " ", describe(w));
+  TORCH_CHECK(w.scalar_type() == x.scalar_type() && w.device() == x.device(), "fusekit: ", op, ": ", name,
+              " must have x's dtype and device; got x ", describe(x), ", ", name, " ", describe(w));
+  TORCH_CHECK(w.is_contiguous() && aligned16(w.data_ptr()), "fusekit: ", op, ": ", name,
+              " must be contiguous and 16-byte aligned; got ", describe(w));
+  TORCH_CHECK(w.size(0) % 8 == 0 && w.size(0) < (int64_t{1} << 28), "fusekit: ", op, ": ", name,
+              "'s N must be a multiple of 8 (below 2^28); got ", describe(w));
+}
+
+inline int64_t rows(const at::Tensor& x, const char* op) {
+  int64_t m = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) m *= x.size(i);
+  TORCH_CHECK(m <= 65535 * 16, "fusekit: ", op, ": too many rows (", m, ") in x ", describe(x));
+  return m;
+}
+
+inline at::Tensor out_like(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return at::empty(shape, x.options());
+}
+
+}  // namespace decode_gemm
+}  // namespace fusekit

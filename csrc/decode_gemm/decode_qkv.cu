@@ -1,0 +1,58 @@
+// fusekit::decode_qkv -- the q, k and v projections of a decode step: three linears of one input, the three
+// weights read in one launch.
+//
+//   def decode_qkv_ref(x, wq, wk, wv):
+//       return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)   # x [..., K], w* [N*, K]
+//
+// Contract: x [..., K] contiguous, wq, wk, wv [N*, K] contiguous (each its own N), one CUDA device, one dtype
+// in {float16, bfloat16}, K and every N multiples of 8, 16-byte aligned data. Any number of rows M; built for
+// few (decode). Returns three [..., N*] contiguous tensors of x's dtype; float32 accumulation, each output
+// rounded once, as eager.
+//
+// Why: at a decode step's few rows each projection is one pass over its weight, and cuBLAS takes one launch
+// per projection, each too small to fill an H100 (Llama-style k/v: 2 MB in 5.6 us, 13% of the copy
+// bandwidth). One launch with the three weights' column tiles side by side in its grid streams all of them
+// at once. The kernel is decode_linear's (decode_linear.cuh).
+#include "decode_linear.cuh"
+
+namespace fusekit {
+namespace {
+
+using namespace decode_gemm;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor& x, const at::Tensor& wq,
+                                                               const at::Tensor& wk, const at::Tensor& wv) {
+  constexpr const char* kOp = "decode_qkv";
+  check_x(x, kOp);
+  check_weight(x, wq, kOp, "wq");
+  check_weight(x, wk, kOp, "wk");
+  check_weight(x, wv, kOp, "wv");
+  const int64_t K = x.size(-1), M = rows(x, kOp);
+  const at::Tensor* ws[kMaxParts] = {&wq, &wk, &wv};
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor outs[kMaxParts] = {out_like(x, wq.size(0)), out_like(x, wk.size(0)), out_like(x, wv.size(0))};
+  if (M > 0 && K == 0) {
+    for (auto& o : outs) o.zero_();
+  } else if (M > 0) {
+    Params p{};
+    p.x = x.data_ptr(), p.m = static_cast<int>(M), p.k = static_cast<int>(K);
+    int tiles = 0;
+    for (int i = 0; i < kMaxParts; ++i) {  // parts with no columns are left out
+      if (ws[i]->size(0) == 0) continue;
+      tiles += static_cast<int>(ws[i]->size(0) / 8);
+      p.w[p.parts] = ws[i]->data_ptr(), p.out[p.parts] = outs[i].data_ptr();
+      p.n[p.parts] = static_cast<int>(ws[i]->size(0)), p.tile_end[p.parts] = tiles;
+      ++p.parts;
+    }
+    if (p.parts > 0) {
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_rows<decltype(tag), 1>(p, stream); });
+    }
+  }
+  return {outs[0], outs[1], outs[2]};
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("decode_qkv", &fusekit::decode_qkv_cuda); }
