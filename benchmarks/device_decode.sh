@@ -6,8 +6,8 @@
 set -uo pipefail
 T0=$(date +%s)  # the bench gets what is left of DEADLINE (s) after install and tests
 . benchmarks/device_setup.sh  # $OUT, environment, carried cache, versions, install
+fusekit doctor 2>&1 | grep -E "kernels|decode" | tee -a "$OUT/gpu.txt"  # (builds the kernels where not cached)
 [ -f .fkc/fkc.tgz ] || (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)
-fusekit doctor 2>&1 | grep -E "kernels|decode" | tee -a "$OUT/gpu.txt"
 if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py > "$OUT/pytest_decode.log" 2>&1
   echo "decode GPU tests: $(tail -1 "$OUT/pytest_decode.log")" | tee -a "$OUT/gpu.txt"

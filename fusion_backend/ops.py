@@ -59,8 +59,9 @@ SCHEMAS = {
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
     # the linears of a decode step (few rows): x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T)
     "decode_linear": "decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor",
-    # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T
-    "decode_qkv": "decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv) -> (Tensor, Tensor, Tensor)",
+    # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
+    "decode_qkv": ("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
+                   "Tensor? bv=None) -> (Tensor, Tensor, Tensor)"),
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": (
         "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
@@ -214,10 +215,11 @@ def _(x, w, w2, act):
 
 
 @torch.library.register_fake("fusekit::decode_qkv")
-def _(x, wq, wk, wv):
-    for w in (wq, wk, wv):
-        torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1],
-                     lambda: f"decode_qkv: want x [..., K], w [N, K]; got {tuple(x.shape)}, {tuple(w.shape)}")
+def _(x, wq, wk, wv, bq=None, bk=None, bv=None):
+    for w, b in ((wq, bq), (wk, bk), (wv, bv)):
+        torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and (b is None or tuple(b.shape) == (w.shape[0],)),
+                     lambda: f"decode_qkv: want x [..., K], w [N, K], b None or [N]; got {tuple(x.shape)}, "
+                             f"{tuple(w.shape)}, {None if b is None else tuple(b.shape)}")
     return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
 
 

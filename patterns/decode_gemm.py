@@ -28,7 +28,7 @@ from fusion_backend.registry import Pattern, rand
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
 # Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8
 # (H100, bench_decode_gemm.py); the plain linear (off by default) where named, up to 32.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 8, "linear": 32}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 32, "linear": 32}
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
@@ -36,8 +36,9 @@ def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str =
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
 
 
-def decode_qkv_ref(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
+def decode_qkv_ref(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor | None = None,
+                   bk: Tensor | None = None, bv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    return F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
 
 
 # ---- checks ----------------------------------------------------------------------------------------
@@ -122,23 +123,43 @@ QKV_GPU_CASES = {3: ((8, 1, 2048, 2048, 512), (1, 1, 1536, 1536, 256), (2, 3, 10
                  2: ((4, 2048, 2048, 512), (1, 1536, 1536, 256), (17, 1032, 24, 8), (70, 64, 8, 16))}
 
 
-def _qkv_inputs(case, dt, dev):
-    *rows, k, nq, nkv = case
-    return (rand((*rows, k), dt, dev), *(rand((n, k), dt, dev, scale=k ** -0.5) for n in (nq, nkv, nkv)))
+def _qkv_inputs(bias: bool):
+    def make(case, dt, dev):
+        *rows, k, nq, nkv = case
+        ns = (nq, nkv, nkv)
+        return (rand((*rows, k), dt, dev), *(rand((n, k), dt, dev, scale=k ** -0.5) for n in ns),
+                *((rand((n,), dt, dev) for n in ns) if bias else ()))
+
+    return make
 
 
-def _qkv_rule(rank: int) -> Pattern:
+def vectors(w: str, b: str) -> G.Guard:
+    """Can fire: the bias `b` is a contiguous [N] of its weight `w`'s N (the kernel reads b[col])."""
+    def check(s: G.Site) -> str | None:
+        tw, tb = s.tensor(w), s.tensor(b)
+        if tb.dim() != 1 or tb.shape[0] != tw.shape[0] or not tb.is_contiguous():
+            return f"{b} {tuple(tb.shape)} (strides {tb.stride()}) is not a contiguous [{tw.shape[0]}] bias of {w}"
+        return None
+
+    return G.Guard(f"vectors({b} of {w})", check)
+
+
+def _qkv_rule(rank: int, bias: bool) -> Pattern:
     trace_case = (2, 1, 16, 24, 8) if rank == 3 else (2, 16, 24, 8)
+    make = _qkv_inputs(bias)
+    tensors = ("x", "wq", "wk", "wv", *(("bq", "bk", "bv") if bias else ()))
     return Pattern(
-        f"decode_gemm.qkv{'' if rank == 3 else '_2d'}", reference=decode_qkv_ref, op="decode_qkv",
-        dtypes=DTYPES, inputs=_qkv_inputs, trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"),
+        f"decode_gemm.qkv{'_bias' if bias else ''}{'' if rank == 3 else '_2d'}", reference=decode_qkv_ref,
+        op="decode_qkv", static={} if bias else {"bq": None, "bk": None, "bv": None},
+        dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"),
         cases=((1, 1, 32, 40, 16), (2, 3, 16, 24, 8)) if rank == 3 else ((5, 32, 40, 16), (3, 16, 24, 8)),
         gpu_cases=QKV_GPU_CASES[rank],
-        bad_layout=lambda dt, dev: _qkv_inputs((*trace_case[:-2], 20, 8), dt, dev), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", "wq", "wk", "wv"), weight_operands("x", "wq", "wk", "wv", one_shape=False),
+        bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev), bad_reason="multiples of 8",
+        guards=(G.same_dtype(*tensors), weight_operands("x", "wq", "wk", "wv", one_shape=False),
+                *((vectors("wq", "bq"), vectors("wk", "bk"), vectors("wv", "bv")) if bias else ()),
                 few_rows("x", MAX_ROWS["qkv"])),
     )
 
 
-PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2), _qkv_rule(3), _qkv_rule(2),
-            _rule("linear", False, 3), _rule("linear", False, 2)]
+PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2), _qkv_rule(3, True), _qkv_rule(2, True),
+            _qkv_rule(3, False), _qkv_rule(2, False), _rule("linear", False, 3), _rule("linear", False, 2)]

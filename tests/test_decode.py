@@ -11,8 +11,8 @@ from fusion_backend.report import Report, no_compile_caches
 
 DECODERS = ["llama", "qwen2", "gpt2", "mistral"]
 RULE = {"gpt2": "decode.mha"}  # MHA: no repeat_kv; the others have grouped KV heads
-# q, k and v as three bias-free linears of one input (Qwen2's carry biases: addmm on the CPU; GPT-2 has one c_attn)
-QKV = {"llama", "mistral"}
+# q, k and v as three linears of one input (Qwen2's with biases; GPT-2 has one c_attn: none)
+QKV = {"llama": "decode_gemm.qkv", "mistral": "decode_gemm.qkv", "qwen2": "decode_gemm.qkv_bias"}
 
 
 def _fusekit(model):
@@ -41,7 +41,8 @@ def test_decode_step_fires_and_matches_inductor(name):
             out = st(_fusekit(st.model))
     rep = Report(list(records))
     assert rep.sites[RULE.get(name, "decode.gqa")] == layers, str(rep)
-    assert rep.sites["decode_gemm.qkv"] == (layers if name in QKV else 0), str(rep)
+    assert {r: rep.sites[r] for r in ("decode_gemm.qkv", "decode_gemm.qkv_bias")} == \
+        {r: layers if QKV.get(name) == r else 0 for r in ("decode_gemm.qkv", "decode_gemm.qkv_bias")}, str(rep)
     assert not rep.errors, str(rep)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 

@@ -100,9 +100,10 @@ def test_shaped_kernel_matches_reference(p, dtype, case):
     out = _run(p, args)
     torch.cuda.synchronize()
     _check(p, args, out)
-    ref = p.eager(*args)
-    dead = ref.isnan() | (ref == 0).all(-1, keepdim=True)  # fully masked rows: exactly as the reference
-    assert torch.equal(out[dead.expand_as(out)].nan_to_num(7.0), ref[dead.expand_as(ref)].nan_to_num(7.0))
+    refs = p.eager(*args)
+    for o, ref in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (out, refs))):
+        dead = ref.isnan() | (ref == 0).all(-1, keepdim=True)  # fully masked rows: exactly as the reference
+        assert torch.equal(o[dead.expand_as(o)].nan_to_num(7.0), ref[dead.expand_as(ref)].nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("p,dtype", cuda_patterns(flat=True))
@@ -558,7 +559,7 @@ def test_decode_qkv_parts_tails_and_graphs(dtype):
     four 16-row tiles, K tails, parts of 8 columns and parts with none (left out of the grid); every output
     equal to decode_linear's of its weight (the same kernel, so bit for bit) and within the 2x rule of eager;
     inside a CUDA graph too. Bad direct calls raise fusekit errors."""
-    p = table.by_id("decode_gemm.qkv_2d")
+    p, pb = table.by_id("decode_gemm.qkv_2d"), table.by_id("decode_gemm.qkv_bias_2d")
     for m in (1, 17, 33, 70):
         for k, nq, nkv in ((72, 200, 8), (1032, 64, 24), (2048, 2048, 512)):
             args = p.make_args((m, k, nq, nkv), dtype, "cuda")
@@ -566,6 +567,11 @@ def test_decode_qkv_parts_tails_and_graphs(dtype):
             _check(p, args, outs)
             for o, w in zip(outs, args[1:]):
                 assert torch.equal(o, torch.ops.fusekit.decode_linear(args[0], w, None, "none"))
+            args = pb.make_args((m, k, nq, nkv), dtype, "cuda")  # with biases (Qwen2's)
+            _check(pb, args, _run(pb, args))
+    bias = torch.randn(16, device="cuda", dtype=dtype)  # an empty K: the bias alone
+    x0, w0 = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=dtype)
+    assert torch.equal(torch.ops.fusekit.decode_qkv(x0, w0, w0, w0, bias)[0], bias.expand(3, 16))
     x = torch.randn(3, 64, device="cuda", dtype=dtype)
     wq, wk = torch.randn(16, 64, device="cuda", dtype=dtype), torch.randn(0, 64, device="cuda", dtype=dtype)
     q, k, v = torch.ops.fusekit.decode_qkv(x, wq, wk, wq)
@@ -584,6 +590,7 @@ def test_decode_qkv_parts_tails_and_graphs(dtype):
                        ((x, args[1], args[2], args[3][:20]), "wv's N must be a multiple of 8"),
                        ((x.float(), *args[1:]), "takes float16 or bfloat16"),
                        ((x.t(), *args[1:]), "contiguous"),
-                       ((x, args[1].cpu(), *args[2:]), "dtype and device")):
+                       ((x, args[1].cpu(), *args[2:]), "dtype and device"),
+                       ((*args, torch.randn(8, device="cuda", dtype=dtype)), "bq must be a contiguous \\[N\\]")):
         with pytest.raises(RuntimeError, match=f"fusekit: decode_qkv.*{match}"):
             torch.ops.fusekit.decode_qkv(*bad)

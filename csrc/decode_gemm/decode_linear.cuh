@@ -77,12 +77,13 @@ __device__ __forceinline__ float round_to(float x) { return to_float(from_float<
 constexpr int kMaxParts = 3;
 
 // NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = silu(x w[0]^T) * (x w[1]^T).
-// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T; part i owns the column tiles
+// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T (+ bias[i]); part i owns the column tiles
 // [tile_end[i-1], tile_end[i]) of the grid's x.
 struct Params {
   const void* x;
   const void* w[kMaxParts];
   void* out[kMaxParts];
+  const void* bias[kMaxParts];  // NW = 1: out[i] = x w[i]^T + bias[i] where not null
   int n[kMaxParts];
   int tile_end[kMaxParts];
   int parts;
@@ -162,6 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
       for (int c = 0; c < 4; ++c) red[((warp * NW + w) * F + i * 4 + c) * 32 + lane] = acc[w][i][c];
   __syncthreads();
   T* out = static_cast<T*>(part_of(p.out, j));
+  const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
   for (int e = threadIdx.x; e < F * 32; e += kWarps * 32) {
     const int l = e % 32, f = e / 32, c = f % 4, i = f / 4;
     const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + (l % 4) * 2 + c % 2;
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
     if (row < p.m && col < n) {
       float y = s[0];
       if constexpr (NW == 2) y = round_to<T>(fast_silu(round_to<T>(s[0]))) * round_to<T>(s[1]);
+      if (bias != nullptr) y += to_float(bias[col]);  // one rounding, as cuBLAS's bias epilogue (addmm)
       out[static_cast<int64_t>(row) * n + col] = from_float<T>(y);
     }
   }

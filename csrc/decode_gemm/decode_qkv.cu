@@ -1,13 +1,14 @@
 // fusekit::decode_qkv -- the q, k and v projections of a decode step: three linears of one input, the three
 // weights read in one launch.
 //
-//   def decode_qkv_ref(x, wq, wk, wv):
-//       return F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)   # x [..., K], w* [N*, K]
+//   def decode_qkv_ref(x, wq, wk, wv, bq=None, bk=None, bv=None):
+//       return F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)   # x [..., K], w* [N*, K], b* [N*]
 //
-// Contract: x [..., K] contiguous, wq, wk, wv [N*, K] contiguous (each its own N), one CUDA device, one dtype
-// in {float16, bfloat16}, K and every N multiples of 8, 16-byte aligned data. Any number of rows M; built for
-// few (decode). Returns three [..., N*] contiguous tensors of x's dtype; float32 accumulation, each output
-// rounded once, as eager.
+// Contract: x [..., K] contiguous, wq, wk, wv [N*, K] contiguous (each its own N), biases none or [N*]
+// contiguous (each optional), one CUDA device, one dtype in {float16, bfloat16}, K and every N multiples of 8,
+// 16-byte aligned x and weights. Any number of rows M; built for few (decode). Returns three [..., N*]
+// contiguous tensors of x's dtype; float32 accumulation, the bias added in float32, each output rounded once,
+// as eager's mm / addmm.
 //
 // Why: at a decode step's few rows each projection is one pass over its weight, and cuBLAS takes one launch
 // per projection, each too small to fill an H100 (Llama-style k/v: 2 MB in 5.6 us, 13% of the copy
@@ -20,19 +21,34 @@ namespace {
 
 using namespace decode_gemm;
 
+void check_bias(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, const char* name) {
+  if (!b.has_value()) return;
+  TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() && b->scalar_type() == x.scalar_type() &&
+                  b->device() == x.device(),
+              "fusekit: decode_qkv: ", name, " must be a contiguous [N] vector of x's dtype and device, N its weight's;",
+              " got x ", describe(x), ", weight ", describe(w), ", ", name, " ", describe(*b));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor& x, const at::Tensor& wq,
-                                                               const at::Tensor& wk, const at::Tensor& wv) {
+                                                               const at::Tensor& wk, const at::Tensor& wv,
+                                                               const std::optional<at::Tensor>& bq,
+                                                               const std::optional<at::Tensor>& bk,
+                                                               const std::optional<at::Tensor>& bv) {
   constexpr const char* kOp = "decode_qkv";
   check_x(x, kOp);
   check_weight(x, wq, kOp, "wq");
   check_weight(x, wk, kOp, "wk");
   check_weight(x, wv, kOp, "wv");
+  check_bias(x, wq, bq, "bq");
+  check_bias(x, wk, bk, "bk");
+  check_bias(x, wv, bv, "bv");
   const int64_t K = x.size(-1), M = rows(x, kOp);
   const at::Tensor* ws[kMaxParts] = {&wq, &wk, &wv};
+  const std::optional<at::Tensor>* bs[kMaxParts] = {&bq, &bk, &bv};
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor outs[kMaxParts] = {out_like(x, wq.size(0)), out_like(x, wk.size(0)), out_like(x, wv.size(0))};
   if (M > 0 && K == 0) {
-    for (auto& o : outs) o.zero_();
+    for (int i = 0; i < kMaxParts; ++i) bs[i]->has_value() ? outs[i].copy_(**bs[i]) : outs[i].zero_();
   } else if (M > 0) {
     Params p{};
     p.x = x.data_ptr(), p.m = static_cast<int>(M), p.k = static_cast<int>(K);
@@ -41,6 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor&
       if (ws[i]->size(0) == 0) continue;
       tiles += static_cast<int>(ws[i]->size(0) / 8);
       p.w[p.parts] = ws[i]->data_ptr(), p.out[p.parts] = outs[i].data_ptr();
+      p.bias[p.parts] = bs[i]->has_value() ? (*bs[i])->data_ptr() : nullptr;
       p.n[p.parts] = static_cast<int>(ws[i]->size(0)), p.tile_end[p.parts] = tiles;
       ++p.parts;
     }
