@@ -5,12 +5,17 @@ mostly that pass: Llama-style b32 at position 1024 spent 0.51 ms of 0.99 in cuBL
 bytes (H100, benchmarks/NOTES.md). SwiGLU's gate and up projections are two such passes and an elementwise
 kernel; the op reads both weights in one launch and writes silu(gate) * up.
 
+q, k and v are three linears of one input: ``fusekit::decode_qkv`` reads the three weights in one launch (with
+Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Measured against cuBLAS's three calls
+(results/h100_decode_gemm_qkv_2026-11-24d.md): Llama-style 2.27x / 2.18x / 1.93x / 1.21x at 1 / 8 / 16 / 32 rows,
+0.81x at 48; Qwen2-style 2.57x at 1 row to 1.37x at 64. They fire up to 32 rows.
+
 Measured selection (benchmarks/bench_decode_gemm.py, H100, cold weights; results/h100_decode_gemm.md): gate/up
 fires by default up to 8 rows (Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style
 1.06x / 1.04x; 0.96-1.05x at 16 and 32). The plain linear is off by default: cuBLAS was faster at every
 projection and row count (the op 0.43-0.98x); it fires, up to 32 rows, where options={"patterns": [...]} names it.
 
-Rules: gate/up (longest first), then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
+Rules: gate/up (longest first), q/k/v with biases, q/k/v, then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
 back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused bias/activation
 epilogue is that family's first; a bias added after the product (Qwen2's q/k/v) stays Inductor's and fuses
 into its next pointwise kernel.
@@ -26,7 +31,8 @@ from fusion_backend import guards as G
 from fusion_backend.registry import Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
-# Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8
+# Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8,
+# q/k/v than cuBLAS's three calls up to 32 (Llama-style: 0.81x at 48)
 # (H100, bench_decode_gemm.py); the plain linear (off by default) where named, up to 32.
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 32, "linear": 32}
 
