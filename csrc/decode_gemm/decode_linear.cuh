@@ -25,7 +25,6 @@
 namespace fusekit {
 namespace decode_gemm {
 
-
 constexpr int kWarps = 8;
 constexpr int kChunk = 32;  // k per lane group per step: 4 lanes x 8 elements
 
@@ -77,13 +76,13 @@ __device__ __forceinline__ float round_to(float x) { return to_float(from_float<
 constexpr int kMaxParts = 3;
 
 // NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = silu(x w[0]^T) * (x w[1]^T).
-// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T (+ bias[i]); part i owns the column tiles
-// [tile_end[i-1], tile_end[i]) of the grid's x.
+// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T (+ bias[i] where not null); part i
+// owns the column tiles [tile_end[i-1], tile_end[i]) of the grid's x.
 struct Params {
   const void* x;
   const void* w[kMaxParts];
   void* out[kMaxParts];
-  const void* bias[kMaxParts];  // NW = 1: out[i] = x w[i]^T + bias[i] where not null
+  const void* bias[kMaxParts];
   int n[kMaxParts];
   int tile_end[kMaxParts];
   int parts;
@@ -197,7 +196,6 @@ void launch_rows(const Params& p, cudaStream_t stream) {
   if (p.m <= 32) return launch<T, 2, NW>(p, stream);
   launch<T, 4, NW>(p, stream);
 }
-
 
 // Host side: the checks both ops make, and the rows of x.
 inline void check_x(const at::Tensor& x, const char* op) {

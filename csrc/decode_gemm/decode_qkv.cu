@@ -23,8 +23,8 @@ using namespace decode_gemm;
 
 void check_bias(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, const char* name) {
   if (!b.has_value()) return;
-  TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() && b->scalar_type() == x.scalar_type() &&
-                  b->device() == x.device(),
+  TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() &&
+                  b->scalar_type() == x.scalar_type() && b->device() == x.device(),
               "fusekit: decode_qkv: ", name, " must be a contiguous [N] vector of x's dtype and device, N its weight's;",
               " got x ", describe(x), ", weight ", describe(w), ", ", name, " ", describe(*b));
 }
