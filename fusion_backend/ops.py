@@ -57,6 +57,8 @@ SCHEMAS = {
     "attention": "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool safe) -> Tensor",
     # attention of a few query rows against a KV cache of grouped heads: q [B,Hq,Lq,D], k/v [B,Hkv,S,D]
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
+    # the same attention for many query rows (a prompt): grouped KV heads read as they are, no repeat_kv copy
+    "gqa_attention": "gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
     # the linears of a decode step (few rows): x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T)
     "decode_linear": "decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor",
     # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
@@ -68,11 +70,12 @@ SCHEMAS = {
     ),
 }
 # Ops that take any strides (their kernels read strided inputs): no copies forced before them.
-ANY_STRIDES = {"attention", "decode_attention", "matmul_epilogue"}
+ANY_STRIDES = {"attention", "decode_attention", "gqa_attention", "matmul_epilogue"}
 # Ops whose output takes the layout of their first input (the fake's empty_like), not a contiguous one.
-OUT_LIKE_FIRST = {"attention", "decode_attention"}
+OUT_LIKE_FIRST = {"attention", "decode_attention", "gqa_attention"}
 # Ops whose CUDA kernel takes fewer dtypes than their rules (which also run on CPU): the rest stay Inductor's.
-CUDA_DTYPES = {op: (torch.float16, torch.bfloat16) for op in ("decode_attention", "decode_linear", "decode_qkv")}
+CUDA_DTYPES = {op: (torch.float16, torch.bfloat16)
+               for op in ("decode_attention", "gqa_attention", "decode_linear", "decode_qkv")}
 for _name, _schema in SCHEMAS.items():
     LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
 
@@ -195,14 +198,19 @@ def _(q, k, v, mask, scale, safe):
     return torch.empty_like(q)
 
 
-@torch.library.register_fake("fusekit::decode_attention")
-def _(q, k, v, mask, scale):
-    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
-                 lambda: f"decode_attention: q, k, v must be 4-D, got {q.dim()}, {k.dim()}, {v.dim()}")
-    torch._check(q.shape[-1] == v.shape[-1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
-                 lambda: f"decode_attention: want q [B,Hq,Lq,D], k/v [B,Hkv,S,D], Hq % Hkv == 0; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    return torch.empty_like(q)  # q's layout, as for attention
+def _cache_attention_fake(name: str):
+    def fake(q, k, v, mask, scale):
+        torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+                     lambda: f"{name}: q, k, v must be 4-D, got {q.dim()}, {k.dim()}, {v.dim()}")
+        torch._check(q.shape[-1] == v.shape[-1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
+                     lambda: f"{name}: want q [B,Hq,Lq,D], k/v [B,Hkv,S,D], Hq % Hkv == 0; got "
+                             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        return torch.empty_like(q)  # q's layout, as for attention
+    return fake
+
+
+torch.library.register_fake("fusekit::decode_attention")(_cache_attention_fake("decode_attention"))
+torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa_attention"))
 
 
 @torch.library.register_fake("fusekit::decode_linear")

@@ -2,12 +2,14 @@
 from .attention import PATTERNS as ATTENTION
 from .decode import PATTERNS as DECODE
 from .decode_gemm import PATTERNS as DECODE_GEMM
+from .prefill import PATTERNS as PREFILL
 from .batched_matmul import PATTERNS as BATCHED_MATMUL
 from .elementwise import PATTERNS as ELEMENTWISE
 from .quantize import PATTERNS as QUANTIZE
 
 # Order matters where rules overlap: a longer chain must be tried before its own suffix.
-# Decode before attention: its rules take the short-query SDPA sites the attention rules would also take.
+# Decode and prefill before attention: their rules take the grouped-head SDPA sites (short and long queries)
+# the attention rules would also take.
 # Decode GEMMs after the matmul epilogues (a linear with a fused epilogue is theirs first) and before the
 # elementwise rules (silu_mul would take gate/up's product).
-PATTERNS = [*DECODE, *ATTENTION, *BATCHED_MATMUL, *DECODE_GEMM, *QUANTIZE, *ELEMENTWISE]
+PATTERNS = [*DECODE, *PREFILL, *ATTENTION, *BATCHED_MATMUL, *DECODE_GEMM, *QUANTIZE, *ELEMENTWISE]
