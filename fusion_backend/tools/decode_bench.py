@@ -103,6 +103,31 @@ class Step:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
+class Prompt:
+    """`length` tokens per sequence into a StaticCache of `slots` slots at positions 0..length-1."""
+
+    def __init__(self, name: str, device: str, batch: int, length: int, slots: int):
+        from transformers import StaticCache
+
+        self.model, _, self.desc = models.make(name, device, None, batch, length)
+        cfg = self.model.config
+        self.cache = StaticCache(config=cfg, max_cache_len=slots)
+        g = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, cfg.vocab_size, (batch, length), generator=g).to(device)
+        self.pos = torch.arange(length, device=device)
+        self.lens: list[torch.Tensor] = []
+        with torch.no_grad():
+            self(self.model)  # allocates the cache layers
+        # caches that count their own length (transformers >= 5.2x) advance it each call: rewound before each
+        self.lens = [n for layer in getattr(self.cache, "layers", ())
+                     if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+    def __call__(self, fn):
+        for n in self.lens:
+            n.zero_()
+        return fn(self.tokens, past_key_values=self.cache, cache_position=self.pos, use_cache=True).logits
+
+
 def copy_bandwidth(device: str) -> float:
     """Bytes/s of a 1 GiB device-to-device copy (read + write), triton's do_bench median."""
     from triton.testing import do_bench
