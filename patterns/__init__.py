@@ -1,8 +1,7 @@
 """fusekit's pattern tables, one module per family. Ships as ``fusion_backend.patterns``."""
 from .attention import PATTERNS as ATTENTION
-from .decode import PATTERNS as DECODE
+from .decode import PATTERNS as DECODE, PREFILL  # two families, one module: they share the chain
 from .decode_gemm import PATTERNS as DECODE_GEMM
-from .prefill import PATTERNS as PREFILL
 from .batched_matmul import PATTERNS as BATCHED_MATMUL
 from .elementwise import PATTERNS as ELEMENTWISE
 from .quantize import PATTERNS as QUANTIZE
