@@ -89,12 +89,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "fusekit: attention: q, k, v need a unit last-dim stride");
   if (mask) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.device() == q.device(), "fusekit: attention: mask on another device: ", describe(m));
-    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type(),
-                "fusekit: attention: mask must be bool or q's dtype; got ", describe(m));
-    TORCH_CHECK(broadcasts_to(m, {q.size(0), q.size(1), q.size(2), k.size(2)}), "fusekit: attention: mask ", describe(m),
-                " does not broadcast to [B,H,Sq,Sk]");
+    check_attention_mask(*mask, q, {q.size(0), q.size(1), q.size(2), k.size(2)}, "attention", "[B,H,Sq,Sk]",
+                         /*float32_ok=*/false);
   }
 }
 

@@ -420,39 +420,19 @@ bool aligned16(const at::Tensor& t) {
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& mask) {
-  FK_CHECK_CUDA(q);
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
-              "fusekit: decode_attention takes float16 or bfloat16, got q ", describe(q));
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "fusekit: decode_attention: q, k, v must be 4-D; got ", describe(q), ", ", describe(k), ", ",
-              describe(v));
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
-                  k.device() == q.device() && v.device() == q.device(),
-              "fusekit: decode_attention: q, k, v must share dtype and device; got ", describe(q), ", ",
-              describe(k), ", ", describe(v));
-  TORCH_CHECK(k.size(0) == q.size(0) && v.sizes() == k.sizes() && k.size(3) == q.size(3) && k.size(1) > 0 &&
-                  q.size(1) % k.size(1) == 0,
-              "fusekit: decode_attention: want q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0; got ",
-              describe(q), ", ", describe(k), ", ", describe(v));
+  check_cache_qkv(q, k, v, "decode_attention");
   TORCH_CHECK(q.size(2) > 0 && k.size(2) > 0, "fusekit: decode_attention needs a query and a key; got ",
               describe(q), ", ", describe(k));
   const int64_t d = q.size(3);
   TORCH_CHECK(d == 64 || d == 128 || d == 256, "fusekit: decode_attention: head dim must be 64, 128 or 256; got ",
               describe(q));
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
-              "fusekit: decode_attention: q, k, v need a unit last-dim stride");
   TORCH_CHECK(aligned16(k) && aligned16(v), "fusekit: decode_attention: k and v rows must be 16-byte aligned "
               "(strides and offset multiples of 8 elements)");
   TORCH_CHECK(k.size(2) <= (int64_t{1} << 30) && q.size(1) * q.size(2) <= (int64_t{1} << 20),
               "fusekit: decode_attention: sizes too large: ", describe(q), ", ", describe(k));
   if (mask) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.device() == q.device(), "fusekit: decode_attention: mask on another device: ", describe(m));
-    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type() ||
-                    m.scalar_type() == at::kFloat,
-                "fusekit: decode_attention: mask must be bool, float32 or q's dtype; got ", describe(m));
-    TORCH_CHECK(broadcasts_to(m, {q.size(0), q.size(1), q.size(2), k.size(2)}), "fusekit: decode_attention: mask ", describe(m),
-                " does not broadcast to [B,Hq,Lq,S]");
+    check_attention_mask(*mask, q, {q.size(0), q.size(1), q.size(2), k.size(2)}, "decode_attention", "[B,Hq,Lq,S]",
+                         /*float32_ok=*/true);
   }
 }
 

@@ -35,28 +35,10 @@ constexpr int64_t kCudnnBackend = 3;  // sdp::SDPBackend::cudnn_attention
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& mask) {
-  FK_CHECK_CUDA(q);
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
-              "fusekit: gqa_attention takes float16 or bfloat16, got q ", describe(q));
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "fusekit: gqa_attention: q, k, v must be 4-D; got ",
-              describe(q), ", ", describe(k), ", ", describe(v));
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
-                  k.device() == q.device() && v.device() == q.device(),
-              "fusekit: gqa_attention: q, k, v must share dtype and device; got ", describe(q), ", ", describe(k),
-              ", ", describe(v));
-  TORCH_CHECK(k.size(0) == q.size(0) && v.sizes() == k.sizes() && k.size(3) == q.size(3) && k.size(1) > 0 &&
-                  q.size(1) % k.size(1) == 0,
-              "fusekit: gqa_attention: want q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0; got ",
-              describe(q), ", ", describe(k), ", ", describe(v));
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
-              "fusekit: gqa_attention: q, k, v need a unit last-dim stride");
+  check_cache_qkv(q, k, v, "gqa_attention");
   if (mask) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.device() == q.device(), "fusekit: gqa_attention: mask on another device: ", describe(m));
-    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type(),
-                "fusekit: gqa_attention: mask must be bool or q's dtype; got ", describe(m));
-    TORCH_CHECK(m.dim() <= 4 && broadcasts_to(m, {q.size(0), q.size(1), q.size(2), k.size(2)}),
-                "fusekit: gqa_attention: mask ", describe(m), " does not broadcast to [B,Hq,Lq,S]");
+    check_attention_mask(*mask, q, {q.size(0), q.size(1), q.size(2), k.size(2)}, "gqa_attention", "[B,Hq,Lq,S]",
+                         /*float32_ok=*/false);
   }
 }
 

@@ -30,6 +30,13 @@ CACHE_LEN = 4096
 ROUNDS = 3  # interleaved timing rounds per position
 
 
+def length_counters(cache: Any) -> list[torch.Tensor]:
+    """The write-position counters of a cache whose layers count their own length (transformers >= 5.2x): each
+    call advances them in place."""
+    return [n for layer in getattr(cache, "layers", ())
+            if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+
 class Step:
     """One decode step of `name` at batch `batch` against a StaticCache of `cache_len` slots."""
 
@@ -56,7 +63,7 @@ class Step:
         # write-position counters of caches that count their own length (transformers >= 5.2x): a tensor each
         # step advances in place (replays of a graph included), and a sliding-window layer's Python int
         layers = getattr(self.cache, "layers", ())
-        self.lens = [n for layer in layers if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
+        self.lens = length_counters(self.cache)
         self.sliding = [layer for layer in layers if isinstance(getattr(layer, "cumulative_length_int", None), int)]
         self._pos_as_lens = [self.pos.view(n.shape) for n in self.lens]
 
@@ -118,9 +125,7 @@ class Prompt:
         self.lens: list[torch.Tensor] = []
         with torch.no_grad():
             self(self.model)  # allocates the cache layers
-        # caches that count their own length (transformers >= 5.2x) advance it each call: rewound before each
-        self.lens = [n for layer in getattr(self.cache, "layers", ())
-                     if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
+        self.lens = length_counters(self.cache)  # advanced by each call: rewound before each
 
     def __call__(self, fn):
         for n in self.lens:
