@@ -18,13 +18,17 @@
 // scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
 // additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
-// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 4 rows of its query group). It reads
-// its split's mask first, all of it at once, and skips the K and V of every 64-key block in which every
-// row's mask hides every key (a split with nothing visible writes (-inf, 0) and ends); each visible key row
-// is read once (16 bytes per lane) for all the rows of the group. With more
-// than one split, partial (max, sum, output) go to a float32 workspace and a second kernel combines them.
-// Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many CTAs.
-// Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
+// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 16 rows of its query group). It reads
+// its split's mask first (each distinct mask row once, with q, all loads in flight), and skips the K and V of
+// every 64-key block in which every row's mask hides every key (a split with nothing visible writes (-inf, 0)
+// and ends). The visible K and V blocks go through a ring of two shared-memory stages (cp.async) and meet the
+// query rows on tensor cores (mma.sync m16n8k16, float32 sums; the probabilities are rounded to q's dtype
+// for P @ V, as PyTorch's fused SDPA kernels do): each visible key row is read once for all the rows of the
+// group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
+// combines them. Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many
+// CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
+// History (benchmarks/NOTES.md): the CUDA-core version before it issued ~2,900 instructions per warp at
+// batch 32 (Nsight Compute: 64% issue-active, 46% of DRAM bandwidth); this one is 1.0-1.4x faster.
 #include "fusekit.h"
 
 #include <cmath>
@@ -57,26 +61,6 @@ struct Params {
 };
 
 
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __half*) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __half22float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8], const __nv_bfloat16*) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
   switch (p.mask_kind) {
@@ -91,15 +75,53 @@ __device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
   }
 }
 
-// UNROLL key rows' 16-byte slices, issued back to back (key = first + u * step; past the cache: zeros).
-template <int UNROLL, typename T>
-__device__ __forceinline__ void load_rows(uint4 (&out)[UNROLL], const T* base, int64_t row_stride, int first,
-                                          int step, int s) {
-#pragma unroll
-  for (int u = 0; u < UNROLL; ++u) {
-    const int key = first + u * step;
-    out[u] = key < s ? __ldg(reinterpret_cast<const uint4*>(base + key * row_stride)) : make_uint4(0, 0, 0, 0);
+// 16 bytes global -> shared without registers (sm_80+); pred false: zeros (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Four 8x8 b16 matrices from shared memory (lanes 8m..8m+7 give the row addresses of matrix m).
+template <bool Trans>
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
   }
+}
+
+// c += a (16x16, row) * b (16x8, col), float32 accumulation.
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, const __half*) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         const __nv_bfloat16*) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __nv_bfloat16*) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi) {
+  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&lo)) |
+         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
 }
 
 template <int LPK>
@@ -109,28 +131,41 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
+// One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= 4 blocks of 64 keys). The
+// mask first (each distinct mask row once, all loads in flight with q's), then K and V of the visible blocks
+// through a ring of two shared-memory stages (cp.async; rows XOR-swizzled by 16-byte chunk, so ldmatrix is
+// conflict-free), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the split's softmax in
+// shared memory, O = P V with P rounded to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums.
+// Warp w computes keys [16w, 16w + 16) of each block's scores and dims [w D/4, (w + 1) D/4) of the output.
+// CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
+template <int D, int RT>
+constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
+
 template <typename T, int D, int RT>
-__global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Params p) {
-  constexpr int LPK = D / 8;          // lanes per key row, 16 bytes each
-  constexpr int KPW = 32 / LPK;       // key rows per warp per step
-  constexpr int KPS = kWarps * KPW;   // key rows per CTA per step
-  constexpr int STEPS = kBlockN / KPS;
-  constexpr int UNROLL = STEPS < 8 ? STEPS : 8;  // 16-byte loads in flight per lane
-  extern __shared__ float smem[];
-  float* sc = smem;                  // [RT][chunk] scores, then probabilities
-  float* so = smem + RT * p.chunk;   // [RT][D] the CTA's output sum
+__global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attention_kernel(const Params p) {
+  constexpr int NS = 2;                               // stages
+  constexpr int CPR = D / 8;                          // 16-byte chunks per key row
+  constexpr int CPT = kBlockN * CPR / (kWarps * 32);  // cp.async per thread per block
+  constexpr int KPT = kMaxChunk / (kWarps * 32);      // mask keys per thread per row
+  constexpr int DW = D / kWarps;                      // output dims per warp
+  constexpr int NT = DW / 8;                          // n-tiles of 8 dims per warp
+  extern __shared__ __align__(16) float smem[];
+  T* stage = reinterpret_cast<T*>(smem);                             // [NS][kBlockN][D], swizzled
+  float* sc = smem + NS * kBlockN * D * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
+  float* smask = sc + RT * p.chunk;                                  // [RT][chunk] distinct mask rows
   __shared__ float s_m[RT], s_l[RT];
   __shared__ int64_t s_moff[RT];
+  __shared__ int s_src[RT];
   __shared__ int s_vis[kMaxChunk / kBlockN];
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int kslot = lane / LPK, dsub = lane % LPK;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int z = blockIdx.x % p.zchunks;
   const int bh = blockIdx.x / p.zchunks;
   const int b = bh / p.hkv, kvh = bh % p.hkv;
   const int split = blockIdx.y;
   const int key_begin = split * p.chunk;
   const int nblocks = (min(p.chunk, p.s - key_begin) + kBlockN - 1) / kBlockN;
+  const int keys = nblocks * kBlockN;
   const int r0 = z * RT;
   const int nr = min(RT, p.rows - r0);
 
@@ -140,39 +175,58 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
   }
   if (tid < kMaxChunk / kBlockN) s_vis[tid] = 0;
   __syncthreads();
+  if (tid < RT) {  // the first row with the same mask row ([B,1,1,S] masks: one row for the whole CTA)
+    int src = tid;
+    for (int j = 0; j < tid; ++j) {
+      if (s_moff[j] == s_moff[tid]) {
+        src = j;
+        break;
+      }
+    }
+    s_src[tid] = tid < nr ? src : -1;
+  }
+  __syncthreads();
 
-  // ---- the split's whole mask first, its loads in flight together (and with q's): a block no row can see
-  // is never read, and a split with no visible key ends here (most CTAs of a long cache early in decoding) ----
-  constexpr int MPT = RT * kMaxChunk / (kWarps * 32);  // mask values per thread, at most
-  const int keys = nblocks * kBlockN;
-  float mv[MPT];
+  // ---- the split's mask (each distinct row once) and q, all loads in flight together ----
+  float mv[RT * KPT];  // [r][n]: key tid + 128 n of row r
 #pragma unroll
-  for (int n = 0; n < MPT; ++n) {
-    const int i = tid + n * kWarps * 32, r = i / keys, key = key_begin + i % keys;
-    mv[n] = -INFINITY;
-    if (i < RT * keys && r < nr && key < p.s) mv[n] = p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3);
+  for (int i = 0; i < RT * KPT; ++i) {
+    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32, key = key_begin + kl;
+    const bool load = s_src[r] == r && kl < keys && key < p.s;
+    mv[i] = load ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3)) : -INFINITY;
   }
-  float qr[RT][8];
+  uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows)
+  {
+    const T* qrow[2];
+    bool ok[2];
 #pragma unroll
-  for (int r = 0; r < RT; ++r) {
-    const int rr = r0 + min(r, nr - 1);
-    const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 +
-                  (rr % p.lq) * p.qs2 + dsub * 8;
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h, rr = r0 + min(r, nr - 1);
+      ok[h] = r < nr;
+      qrow[h] = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 + (rr % p.lq) * p.qs2;
+    }
+    const T zero = from_float<T>(0.f);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qr[r][e] = r < nr ? to_float(qp[e]) * p.scale_log2 : 0.f;
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
+        const int h = i & 1, c = ks * 16 + 2 * t4 + (i >> 1) * 8;
+        qa[ks][i] = ok[h] ? pack2<T>(qrow[h][c], qrow[h][c + 1]) : pack2<T>(zero, zero);
+      }
+    }
   }
 #pragma unroll
-  for (int n = 0; n < MPT; ++n) {
-    const int i = tid + n * kWarps * 32;
-    if (i < RT * keys) {
-      sc[(i / keys) * p.chunk + i % keys] = mv[n];
-      if (!(mv[n] <= kHiddenLog2)) s_vis[(i % keys) / kBlockN] = 1;  // a NaN counts as visible, as in the reference
+  for (int i = 0; i < RT * KPT; ++i) {
+    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32;
+    if (s_src[r] == r && kl < keys) {
+      smask[r * p.chunk + kl] = mv[i];
+      if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
     }
   }
   __syncthreads();
-  bool any_vis = false;
-  for (int blk = 0; blk < nblocks; ++blk) any_vis |= s_vis[blk] != 0;
-  if (!any_vis && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
+  int nvis = 0;
+  for (int blk = 0; blk < nblocks; ++blk) nvis += s_vis[blk] != 0;
+  if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
     for (int r = tid; r < nr; r += kWarps * 32) {
       const int rr = r0 + r;
       const int64_t row = (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
@@ -180,43 +234,75 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
     }
     return;
   }
-#pragma unroll
-  for (int n = 0; n < MPT; ++n) {  // finite hidden values must not enter the softmax without their scores
-    const int i = tid + n * kWarps * 32;
-    if (i < RT * keys && !s_vis[(i % keys) / kBlockN]) sc[(i / keys) * p.chunk + i % keys] = -INFINITY;
+  for (int r = 0; r < nr; ++r) {  // hidden blocks: no score (their finite mask values must not enter the softmax)
+    for (int kl = tid; kl < keys; kl += kWarps * 32) {
+      if (!s_vis[kl / kBlockN]) sc[r * p.chunk + kl] = -INFINITY;
+    }
   }
 
-  const T* kbase = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + dsub * 8;
-  const T* vbase = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + dsub * 8;
+  // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
+  const auto nth_visible = [&](int n) {
+    int blk = 0;
+    for (;; ++blk) {
+      if (s_vis[blk] && n-- == 0) break;
+    }
+    return blk;
+  };
+  const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1;
+  const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1;
+  const int items = 2 * nvis;
+  const auto issue = [&](int item) {
+    if (item < items) {
+      const bool is_v = item >= nvis;
+      const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
+      T* dst = stage + (item % NS) * kBlockN * D;
+      const T* src = is_v ? vb : kb;
+      const int64_t rs = is_v ? p.vs2 : p.ks2;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        const int c = tid + i * kWarps * 32, row = c / CPR, col = c % CPR, key = k0 + row;
+        cp_async16(dst + row * D + ((col ^ (row & 7)) * 8), src + static_cast<int64_t>(min(key, p.s - 1)) * rs + col * 8,
+                   key < p.s);
+      }
+    }
+    cp_async_commit();  // empty past the last item: one group per step
+  };
+  issue(0);
+  const int ml = lane / 8, mi = lane % 8;  // ldmatrix: this lane's matrix and row in it
 
-  // ---- scores of the visible blocks ----
-  for (int blk = 0; blk < nblocks; ++blk) {
-    if (!s_vis[blk]) continue;
-    const int k0 = key_begin + blk * kBlockN;
+  // ---- scores: warp w takes keys [16w, 16w + 16) of the block (two n-tiles of 8 keys) ----
+  for (int item = 0; item < nvis; ++item) {
+    issue(item + 1);
+    cp_async_wait<1>();
+    __syncthreads();
+    const int blk = nth_visible(item);
+    const T* st = stage + (item % NS) * kBlockN * D;
+    float acc[2][4] = {};
+    const int krow = warp * 16 + (ml >> 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
-    for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
-      uint4 kv[UNROLL];
-      load_rows(kv, kbase, p.ks2, k0 + st0 * KPS + warp * KPW + kslot, KPS, p.s);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t kf[4];
+      ldsm_x4<false>(kf, st + krow * D + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
+      mma16816(acc[0], qa[ks], kf[0], kf[1], static_cast<const T*>(nullptr));
+      mma16816(acc[1], qa[ks], kf[2], kf[3], static_cast<const T*>(nullptr));
+    }
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int j = (st0 + u) * KPS + warp * KPW + kslot;
-        float f[8];
-        unpack8(kv[u], f, static_cast<const T*>(nullptr));
+    for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          float d = 0.f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) d = fmaf(qr[r][e], f[e], d);
-          d = sum_key_lanes<LPK>(d);
-          if (dsub == 0 && r < nr && k0 + j < p.s) sc[r * p.chunk + blk * kBlockN + j] += d;
+      for (int i = 0; i < 4; ++i) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
+        const int r = g + (i >> 1) * 8, kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4 + (i & 1);
+        if (r < nr) {
+          sc[r * p.chunk + kl] =
+              key_begin + kl < p.s ? fmaf(acc[nt][i], p.scale_log2, smask[s_src[r] * p.chunk + kl]) : -INFINITY;
         }
       }
     }
+    __syncthreads();  // the stage is read before a later step refills it
   }
-  __syncthreads();
+  __syncthreads();  // no visible block: the hidden values written above
 
-  // ---- softmax numerators over this split: one warp per row ----
-  for (int r = warp; r < RT; r += kWarps) {
+  // ---- softmax numerators over this split: one warp per row (the first V block is in flight) ----
+  for (int r = warp; r < nr; r += kWarps) {
     float m = -INFINITY;
     for (int j = lane; j < keys; j += 32) m = fmaxf(m, sc[r * p.chunk + j]);
 #pragma unroll
@@ -234,64 +320,64 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Par
       s_l[r] = l;
     }
   }
-  for (int i = tid; i < RT * D; i += kWarps * 32) so[i] = 0.f;
-  __syncthreads();
 
-  // ---- probabilities @ V over the visible blocks ----
-  float o[RT][8];
+  // ---- O = P V: warp w takes dims [w DW, (w + 1) DW), NT n-tiles, over the visible blocks ----
+  float o[NT][4] = {};
+  for (int item = nvis; item < items; ++item) {
+    issue(item + 1);
+    cp_async_wait<1>();
+    __syncthreads();  // (the first time: the probabilities too)
+    const int blk = nth_visible(item - nvis);
+    const T* st = stage + (item % NS) * kBlockN * D;
 #pragma unroll
-  for (int r = 0; r < RT; ++r)
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t pa[4];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[r][e] = 0.f;
-  for (int blk = 0; blk < nblocks; ++blk) {
-    if (!s_vis[blk]) continue;
-    const int k0 = key_begin + blk * kBlockN;
-#pragma unroll
-    for (int st0 = 0; st0 < STEPS; st0 += UNROLL) {
-      uint4 vv[UNROLL];
-      load_rows(vv, vbase, p.vs2, k0 + st0 * KPS + warp * KPW + kslot, KPS, p.s);
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int j = blk * kBlockN + (st0 + u) * KPS + warp * KPW + kslot;
-        float f[8];
-        unpack8(vv[u], f, static_cast<const T*>(nullptr));
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          const float pr = sc[r * p.chunk + j];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[r][e] = fmaf(pr, f[e], o[r][e]);
-        }
+      for (int i = 0; i < 4; ++i) {  // A fragment of P, rounded to T (zeros past the CTA's rows)
+        const int r = g + (i & 1) * 8, kl = blk * kBlockN + ks * 16 + 2 * t4 + (i >> 1) * 8;
+        float2 pv = make_float2(0.f, 0.f);
+        if (r < nr) pv = *reinterpret_cast<const float2*>(sc + r * p.chunk + kl);
+        pa[i] = pack2(pv.x, pv.y, static_cast<const T*>(nullptr));
       }
-    }
-  }
-  // the key slots of a warp, then the warps in turn (a fixed order: deterministic sums)
+      const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-#pragma unroll
-      for (int off = LPK; off < 32; off <<= 1) o[r][e] += __shfl_xor_sync(0xffffffffu, o[r][e], off);
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w && kslot == 0) {
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) so[r * D + dsub * 8 + e] += o[r][e];
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t vf[4];
+        ldsm_x4<true>(vf, st + vrow * D + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
+        mma16816(o[2 * np], pa, vf[0], vf[1], static_cast<const T*>(nullptr));
+        mma16816(o[2 * np + 1], pa, vf[2], vf[3], static_cast<const T*>(nullptr));
+      }
     }
     __syncthreads();
   }
+  cp_async_wait<0>();
+  __syncthreads();  // s_m, s_l
 
-  for (int i = tid; i < nr * D; i += kWarps * 32) {
-    const int r = i / D, d = i % D, rr = r0 + r;
-    const int h = kvh * p.group + rr / p.lq, qi = rr % p.lq;
-    const int64_t row = (static_cast<int64_t>(b) * p.hq + h) * p.lq + qi;
-    if (p.splits == 1) {
-      const float l = s_l[r];
-      static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? so[i] / l : 0.f);
-      if (p.hidden && d == 0) p.hidden[row] = !(s_m[r] > kHiddenLog2);
-    } else {
-      if (s_m[r] != -INFINITY) p.part_o[(split * p.rows_total + row) * D + d] = so[i];  // else never read
-      if (d == 0) p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h, rr = r0 + r;
+    if (r >= nr) continue;
+    const int hd = kvh * p.group + rr / p.lq, qi = rr % p.lq;
+    const int64_t row = (static_cast<int64_t>(b) * p.hq + hd) * p.lq + qi;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int d = warp * DW + nt * 8 + 2 * t4;
+      const float x = o[nt][2 * h], y = o[nt][2 * h + 1];
+      if (p.splits == 1) {
+        const float l = s_l[r];
+        T* out = static_cast<T*>(p.out) + b * p.os0 + hd * p.os1 + qi * p.os2 + d;
+        out[0] = from_float<T>(l > 0.f ? x / l : 0.f);
+        out[1] = from_float<T>(l > 0.f ? y / l : 0.f);
+      } else if (s_m[r] != -INFINITY) {  // else never read
+        *reinterpret_cast<float2*>(p.part_o + (split * p.rows_total + row) * D + d) = make_float2(x, y);
+      }
+    }
+    if (warp == 0 && t4 == 0) {
+      if (p.splits == 1) {
+        if (p.hidden) p.hidden[row] = !(s_m[r] > kHiddenLog2);
+      } else {
+        p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
+      }
     }
   }
 }
@@ -300,22 +386,23 @@ template <typename T, int D, int W>
 __device__ void recompute_row(const Params& p, int64_t row);
 
 // One block of D threads per output row: rescale each split's partial sums to the common max (a row no key
-// shows above -60000 under a finite mask is computed again here, see recompute_row). The splits'
-// (max, sum) are read in parallel, one per thread, and their weights shared; the partial outputs are then read
-// 16 splits at a time (independent loads: a long cache's many splits cost a few memory latencies, not one each).
+// shows above -60000 under a finite mask is computed again here, see recompute_row). The splits' (max, sum)
+// are read in parallel, one per thread; the splits that saw a key are listed in shared memory (in split order)
+// and their partial outputs read 32 at a time: a short visible prefix of a long cache costs two memory round
+// trips, not one per group of splits.
 template <typename T, int D>
 __global__ void __launch_bounds__(D) combine_splits(const Params p) {
-  constexpr int kUnroll = 16;
+  constexpr int kUnroll = 32;
   __shared__ float s_red[D / 32], s_w[D], s_l[D];
-  __shared__ int s_ok[D];
+  __shared__ int s_idx[D], s_cnt[D / 32];
   const int64_t row = blockIdx.x;
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const float2* ml = p.part_ml + row;  // split s at ml[s * rows_total]
   float mx = -INFINITY;
   for (int s = t; s < p.splits; s += D) mx = fmaxf(mx, ml[s * p.rows_total].x);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (t % 32 == 0) s_red[t / 32] = mx;
+  if (lane == 0) s_red[warp] = mx;
   __syncthreads();
   mx = s_red[0];
 #pragma unroll
@@ -327,22 +414,33 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   float l = 0.f, acc = 0.f;
   for (int base = 0; base < p.splits; base += D) {
     const int n = min(D, p.splits - base);
-    __syncthreads();  // the previous tile's weights are read
-    if (t < n) {
-      const float2 x = ml[(base + t) * p.rows_total];
-      const bool ok = x.x != -INFINITY;  // a split that saw nothing wrote no partial output
-      const float w = ok ? exp2f(x.x - mx) : 0.f;
-      s_ok[t] = ok, s_w[t] = w, s_l[t] = ok ? x.y * w : 0.f;
+    float2 x = make_float2(-INFINITY, 0.f);
+    if (t < n) x = ml[(base + t) * p.rows_total];  // (from L1: read above)
+    const bool ok = x.x != -INFINITY;  // a split that saw nothing wrote no partial output
+    const unsigned bal = __ballot_sync(0xffffffffu, ok);
+    __syncthreads();  // the previous tile's list is read
+    if (lane == 0) s_cnt[warp] = __popc(bal);
+    __syncthreads();
+    int pos = __popc(bal & ((1u << lane) - 1)), nok = 0;
+#pragma unroll
+    for (int w = 0; w < D / 32; ++w) {
+      pos += w < warp ? s_cnt[w] : 0;
+      nok += s_cnt[w];
+    }
+    if (ok) {
+      const float w = exp2f(x.x - mx);
+      s_idx[pos] = base + t, s_w[pos] = w, s_l[pos] = x.y * w;
     }
     __syncthreads();
-    const float* po = p.part_o + (base * p.rows_total + row) * D + t;
-    for (int j0 = 0; j0 < n; j0 += kUnroll) {
+    for (int j0 = 0; j0 < nok; j0 += kUnroll) {
       float v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = j0 + u < n && s_ok[j0 + u] ? po[(j0 + u) * p.rows_total * D] : 0.f;
+      for (int u = 0; u < kUnroll; ++u) {
+        v[u] = j0 + u < nok ? p.part_o[(s_idx[j0 + u] * p.rows_total + row) * D + t] : 0.f;
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {  // split order, as one loop would: deterministic sums
-        if (j0 + u < n && s_ok[j0 + u]) {
+        if (j0 + u < nok) {
           l += s_l[j0 + u];
           acc = fmaf(v[u], s_w[j0 + u], acc);
         }
@@ -438,9 +536,15 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
-  const size_t smem = (static_cast<size_t>(RT) * p.chunk + RT * D) * sizeof(float);
+  const auto smem_for = [](int chunk) { return 2 * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
+  static const bool sized = [&] {  // over 48 KB of dynamic shared memory must be asked for, once per kernel
+    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem_for(kMaxChunk))));
+    return true;
+  }();
+  (void)sized;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem, stream>>>(p);
+  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem_for(p.chunk), stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.splits > 1) {
     combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
@@ -454,8 +558,9 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
 
 template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
-  if (rt == 1) return launch<T, D, 1>(p, blocks_x, q);
-  launch<T, D, 4>(p, blocks_x, q);
+  if (rt == 4) return launch<T, D, 4>(p, blocks_x, q);
+  if (rt == 8) return launch<T, D, 8>(p, blocks_x, q);
+  launch<T, D, 16>(p, blocks_x, q);
 }
 
 at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -466,11 +571,10 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int64_t B = q.size(0), hq = q.size(1), lq = q.size(2), d = q.size(3), hkv = k.size(1), S = k.size(2);
   if (B == 0) return out;
   const int group = static_cast<int>(hq / hkv), rows = static_cast<int>(group * lq);
-  // Rows per CTA: 1 or 4. A larger group takes several CTAs, each reading the KV blocks (the later ones mostly
-  // from L2): with 8 rows per CTA, Qwen2-style's 6-row groups ran slower at every batch (H100, the op alone:
-  // b1 21.1 -> 15.4 us, b32 @1024 45.7 -> 36.6 us with 4; benchmarks/NOTES.md), twice the registers and
-  // half the CTAs.
-  const int rt = rows <= 1 ? 1 : 4;
+  // Rows per CTA: 4, 8 or 16 (the tensor-core tiles hold 16 rows whatever RT is; RT sizes the shared memory:
+  // scores and mask rows, 2 x RT x 1 KB). A group of more than 16 rows takes several CTAs, each reading the
+  // visible KV blocks (the later ones mostly from L2).
+  const int rt = rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
   const int zchunks = (rows + rt - 1) / rt;
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
