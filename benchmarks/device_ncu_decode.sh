@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: Nsight Compute metrics of decode_attention's kernels (benchmarks/probes/
-# decode_attention_ncu.py), then optionally the kernel table of one decode step (PROFILE="32:1024").
+# decode_attention_ncu.py). The kernel table of a whole step: PROFILE=... MODELS=none TESTS=0 device_decode.sh.
 set -uo pipefail
 . benchmarks/device_setup.sh
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
@@ -27,7 +27,3 @@ for r in rows[1:]:  # row 0: units
     print(r["ID"], kn, " ".join(f"{k.split('.')[0].replace('smsp__average_warps_issue_stalled_','st_')}={r[k]}" for k in keys))
 PY
 else echo "no ncu"; fi
-for bp in ${PROFILE:-}; do
-  python3 benchmarks/profile_decode_step.py --batch "${bp%%:*}" --position "${bp##*:}" > "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt" 2>&1
-  grep -E "^== |us/step|alone" "$OUT/profile_b${bp%%:*}_p${bp##*:}.txt"
-done

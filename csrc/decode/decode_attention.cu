@@ -97,31 +97,16 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
   }
 }
 
-// c += a (16x16, row) * b (16x8, col), float32 accumulation.
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, const __half*) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         const __nv_bfloat16*) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __nv_bfloat16*) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
+// Two floats rounded to T, packed as one fragment register (lo in the low half).
 template <typename T>
-__device__ __forceinline__ uint32_t pack2(T lo, T hi) {
-  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&lo)) |
-         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
 }
 
 template <int LPK>
@@ -131,16 +116,16 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
+// CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
+template <int D, int RT>
+constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
+
 // One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= 4 blocks of 64 keys). The
 // mask first (each distinct mask row once, all loads in flight with q's), then K and V of the visible blocks
 // through a ring of two shared-memory stages (cp.async; rows XOR-swizzled by 16-byte chunk, so ldmatrix is
 // conflict-free), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the split's softmax in
 // shared memory, O = P V with P rounded to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums.
 // Warp w computes keys [16w, 16w + 16) of each block's scores and dims [w D/4, (w + 1) D/4) of the output.
-// CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
-template <int D, int RT>
-constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
-
 template <typename T, int D, int RT>
 __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attention_kernel(const Params p) {
   constexpr int NS = 2;                               // stages
@@ -168,6 +153,9 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   const int keys = nblocks * kBlockN;
   const int r0 = z * RT;
   const int nr = min(RT, p.rows - r0);
+  const auto flat_row = [&](int rr) {  // a group row's index in [B, Hq, Lq] (the workspace's rows)
+    return (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
+  };
 
   if (tid < RT) {
     const int r = r0 + min(tid, nr - 1);
@@ -205,13 +193,12 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       ok[h] = r < nr;
       qrow[h] = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 + (rr % p.lq) * p.qs2;
     }
-    const T zero = from_float<T>(0.f);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
         const int h = i & 1, c = ks * 16 + 2 * t4 + (i >> 1) * 8;
-        qa[ks][i] = ok[h] ? pack2<T>(qrow[h][c], qrow[h][c + 1]) : pack2<T>(zero, zero);
+        qa[ks][i] = ok[h] ? pack2<T>(to_float(qrow[h][c]), to_float(qrow[h][c + 1])) : 0u;  // (exact round trip)
       }
     }
   }
@@ -228,9 +215,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   for (int blk = 0; blk < nblocks; ++blk) nvis += s_vis[blk] != 0;
   if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
     for (int r = tid; r < nr; r += kWarps * 32) {
-      const int rr = r0 + r;
-      const int64_t row = (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
-      p.part_ml[split * p.rows_total + row] = make_float2(-INFINITY, 0.f);
+      p.part_ml[split * p.rows_total + flat_row(r0 + r)] = make_float2(-INFINITY, 0.f);
     }
     return;
   }
@@ -283,8 +268,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     for (int ks = 0; ks < D / 16; ++ks) {
       uint32_t kf[4];
       ldsm_x4<false>(kf, st + krow * D + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
-      mma16816(acc[0], qa[ks], kf[0], kf[1], static_cast<const T*>(nullptr));
-      mma16816(acc[1], qa[ks], kf[2], kf[3], static_cast<const T*>(nullptr));
+      mma16816<T>(acc[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[0], kf[1]);
+      mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -337,15 +322,15 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
         const int r = g + (i & 1) * 8, kl = blk * kBlockN + ks * 16 + 2 * t4 + (i >> 1) * 8;
         float2 pv = make_float2(0.f, 0.f);
         if (r < nr) pv = *reinterpret_cast<const float2*>(sc + r * p.chunk + kl);
-        pa[i] = pack2(pv.x, pv.y, static_cast<const T*>(nullptr));
+        pa[i] = pack2<T>(pv.x, pv.y);
       }
       const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t vf[4];
         ldsm_x4<true>(vf, st + vrow * D + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
-        mma16816(o[2 * np], pa, vf[0], vf[1], static_cast<const T*>(nullptr));
-        mma16816(o[2 * np + 1], pa, vf[2], vf[3], static_cast<const T*>(nullptr));
+        mma16816<T>(o[2 * np], pa[0], pa[1], pa[2], pa[3], vf[0], vf[1]);
+        mma16816<T>(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], vf[2], vf[3]);
       }
     }
     __syncthreads();
@@ -358,7 +343,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     const int r = g + 8 * h, rr = r0 + r;
     if (r >= nr) continue;
     const int hd = kvh * p.group + rr / p.lq, qi = rr % p.lq;
-    const int64_t row = (static_cast<int64_t>(b) * p.hq + hd) * p.lq + qi;
+    const int64_t row = flat_row(rr);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int d = warp * DW + nt * 8 + 2 * t4;

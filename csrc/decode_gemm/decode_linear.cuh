@@ -44,22 +44,6 @@ __device__ __forceinline__ uint4 load_cached(const void* p) {  // an activation:
   return r;
 }
 
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
 // One 32-wide k chunk of a 16x8 tile. Lane (g = lane/4, t = lane%4) holds k [8t, 8t+8) of activation rows g and
 // g+8 (lo, hi) and of weight row g (w), as 4 words of 2 elements. m16n8k16 wants, per lane, k {2t, 2t+1, 2t+8,
 // 2t+9} of a 16-wide slice; giving the first mma words 0-1 and the second words 2-3 maps each of the 32 k
