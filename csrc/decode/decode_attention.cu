@@ -19,16 +19,20 @@
 // additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
 // One CTA (4 warps) per (sequence, KV head, split of the cache, up to 16 rows of its query group). It reads
-// its split's mask first (each distinct mask row once, with q, all loads in flight), and skips the K and V of
+// its split's mask first (each distinct mask row once, all loads in flight), and skips the K and V of
 // every 64-key block in which every row's mask hides every key (a split with nothing visible writes (-inf, 0)
-// and ends). The visible K and V blocks go through a ring of two shared-memory stages (cp.async) and meet the
+// and ends; q is read only by CTAs with work, while their first K block is in flight). The visible K and V
+// blocks go through a ring of two shared-memory stages (cp.async) and meet the
 // query rows on tensor cores (mma.sync m16n8k16, float32 sums; the probabilities are rounded to q's dtype
 // for P @ V, as PyTorch's fused SDPA kernels do): each visible key row is read once for all the rows of the
 // group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
 // combines them. Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many
 // CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe).
 // History (benchmarks/NOTES.md): the CUDA-core version before it issued ~2,900 instructions per warp at
-// batch 32 (Nsight Compute: 64% issue-active, 46% of DRAM bandwidth); this one is 1.0-1.4x faster.
+// batch 32 (Nsight Compute: 64% issue-active, 46% of DRAM bandwidth); the first tensor-core version
+// 1.0-1.4x faster; then q read late, copies with fixed per-thread offsets, and scale and mask applied in the
+// softmax pass instead of per block (SASS of the score step: ~510 -> ~215 instructions): 1.05-1.5x again.
+// A ring of four stages (3 CTAs per SM) was slower at batch 32 and not kept.
 #include "fusekit.h"
 
 #include <cmath>
@@ -116,24 +120,31 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
-// CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
-template <int D, int RT>
-constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
+// Stages of the K/V ring (NS; only 2 is built) and the CTAs per SM that shared memory then allows (NS x 64 keys, 2 x RT x 1 KB of
+// scores and mask rows): registers to fit them (head dim 256: 2 at most, its Q fragments take 64 registers).
+template <int D, int RT, int NS>
+constexpr int min_ctas() {
+  constexpr int bytes = NS * kBlockN * D * 2 + 2 * RT * kMaxChunk * 4 + 1024 + 256;  // (+ reserved, static)
+  constexpr int fit = 233472 / bytes, cap = D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3;
+  return fit < 1 ? 1 : fit < cap ? fit : cap;
+}
 
 // One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= 4 blocks of 64 keys). The
-// mask first (each distinct mask row once, all loads in flight with q's), then K and V of the visible blocks
-// through a ring of two shared-memory stages (cp.async; rows XOR-swizzled by 16-byte chunk, so ldmatrix is
-// conflict-free), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the split's softmax in
-// shared memory, O = P V with P rounded to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums.
-// Warp w computes keys [16w, 16w + 16) of each block's scores and dims [w D/4, (w + 1) D/4) of the output.
-template <typename T, int D, int RT>
-__global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attention_kernel(const Params p) {
-  constexpr int NS = 2;                               // stages
+// mask first (each distinct mask row once), then K and V of the visible blocks through a ring of NS
+// shared-memory stages (cp.async; rows XOR-swizzled by 16-byte chunk, so ldmatrix is conflict-free; q is read
+// while the first blocks are in flight), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the
+// split's softmax in shared memory (scale and mask applied there, off the ring's path), O = P V with P rounded
+// to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums. Warp w computes keys [16w, 16w + 16) of each
+// block's scores and dims [w D/4, (w + 1) D/4) of the output.
+template <typename T, int D, int RT, int NS>
+__global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT, NS>()) decode_attention_kernel(const Params p) {
   constexpr int CPR = D / 8;                          // 16-byte chunks per key row
-  constexpr int CPT = kBlockN * CPR / (kWarps * 32);  // cp.async per thread per block
+  constexpr int RSTEP = kWarps * 32 / CPR;            // rows between one thread's copies
+  constexpr int CPT = kBlockN / RSTEP;                // cp.async per thread per block
   constexpr int KPT = kMaxChunk / (kWarps * 32);      // mask keys per thread per row
   constexpr int DW = D / kWarps;                      // output dims per warp
   constexpr int NT = DW / 8;                          // n-tiles of 8 dims per warp
+  static_assert((NS & (NS - 1)) == 0, "NS: a power of two");
   extern __shared__ __align__(16) float smem[];
   T* stage = reinterpret_cast<T*>(smem);                             // [NS][kBlockN][D], swizzled
   float* sc = smem + NS * kBlockN * D * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
@@ -175,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   }
   __syncthreads();
 
-  // ---- the split's mask (each distinct row once) and q, all loads in flight together ----
+  // ---- the split's mask (each distinct row once, all loads in flight together) ----
   float mv[RT * KPT];  // [r][n]: key tid + 128 n of row r
 #pragma unroll
   for (int i = 0; i < RT * KPT; ++i) {
@@ -183,7 +194,63 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     const bool load = s_src[r] == r && kl < keys && key < p.s;
     mv[i] = load ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3)) : -INFINITY;
   }
-  uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows)
+#pragma unroll
+  for (int i = 0; i < RT * KPT; ++i) {
+    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32;
+    if (s_src[r] == r && kl < keys) {
+      smask[r * p.chunk + kl] = mv[i];
+      if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
+    }
+  }
+  __syncthreads();
+  int nvis = 0;
+  uint32_t vlist = 0, vbits = 0;  // the visible blocks: their indices in order (8 bits each), and as bits
+  for (int blk = 0; blk < nblocks; ++blk) {
+    if (s_vis[blk]) {
+      vlist |= blk << (8 * nvis++);
+      vbits |= 1u << blk;
+    }
+  }
+  if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
+    for (int r = tid; r < nr; r += kWarps * 32) {
+      p.part_ml[split * p.rows_total + flat_row(r0 + r)] = make_float2(-INFINITY, 0.f);
+    }
+    return;
+  }
+  const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (8 * n)) & 0xffu); };
+
+  // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
+  // Thread tid copies chunk ccol of rows crow + i RSTEP of each block: its offsets are fixed but for the block.
+  const int crow = tid / CPR, ccol = tid % CPR;
+  const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + crow * p.ks2 + ccol * 8;
+  const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + crow * p.vs2 + ccol * 8;
+  const int sw[2] = {crow * D + (ccol ^ (crow & 7)) * 8, crow * D + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
+  const int items = 2 * nvis;
+  const auto issue = [&](int item) {
+    if (item < items) {
+      const bool is_v = item >= nvis;
+      const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
+      T* dst = stage + (item % NS) * kBlockN * D;
+      const int64_t rs = is_v ? p.vs2 : p.ks2, step = RSTEP * rs;
+      const T* src = (is_v ? vb : kb) + k0 * rs;
+      if (k0 + kBlockN <= p.s) {  // a whole block of the cache
+#pragma unroll
+        for (int i = 0; i < CPT; ++i, src += step) cp_async16(dst + i * RSTEP * D + sw[i & 1], src, true);
+      } else {  // the cache's last, partial block: rows past it are zero-filled (from a valid address)
+        const T* safe = src - crow * rs;
+        const int left = p.s - k0 - crow;  // copy i reads a key of the cache: i RSTEP < left
+#pragma unroll
+        for (int i = 0; i < CPT; ++i, src += step) {
+          cp_async16(dst + i * RSTEP * D + sw[i & 1], i * RSTEP < left ? src : safe, i * RSTEP < left);
+        }
+      }
+    }
+    cp_async_commit();  // empty past the last item: one group per step
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i);
+
+  uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows), read meanwhile
   {
     const T* qrow[2];
     bool ok[2];
@@ -202,63 +269,15 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < RT * KPT; ++i) {
-    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32;
-    if (s_src[r] == r && kl < keys) {
-      smask[r * p.chunk + kl] = mv[i];
-      if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
-    }
-  }
-  __syncthreads();
-  int nvis = 0;
-  for (int blk = 0; blk < nblocks; ++blk) nvis += s_vis[blk] != 0;
-  if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
-    for (int r = tid; r < nr; r += kWarps * 32) {
-      p.part_ml[split * p.rows_total + flat_row(r0 + r)] = make_float2(-INFINITY, 0.f);
-    }
-    return;
-  }
-  for (int r = 0; r < nr; ++r) {  // hidden blocks: no score (their finite mask values must not enter the softmax)
-    for (int kl = tid; kl < keys; kl += kWarps * 32) {
-      if (!s_vis[kl / kBlockN]) sc[r * p.chunk + kl] = -INFINITY;
-    }
-  }
-
-  // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
-  const auto nth_visible = [&](int n) {
-    int blk = 0;
-    for (;; ++blk) {
-      if (s_vis[blk] && n-- == 0) break;
-    }
-    return blk;
-  };
-  const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1;
-  const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1;
-  const int items = 2 * nvis;
-  const auto issue = [&](int item) {
-    if (item < items) {
-      const bool is_v = item >= nvis;
-      const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
-      T* dst = stage + (item % NS) * kBlockN * D;
-      const T* src = is_v ? vb : kb;
-      const int64_t rs = is_v ? p.vs2 : p.ks2;
-#pragma unroll
-      for (int i = 0; i < CPT; ++i) {
-        const int c = tid + i * kWarps * 32, row = c / CPR, col = c % CPR, key = k0 + row;
-        cp_async16(dst + row * D + ((col ^ (row & 7)) * 8), src + static_cast<int64_t>(min(key, p.s - 1)) * rs + col * 8,
-                   key < p.s);
-      }
-    }
-    cp_async_commit();  // empty past the last item: one group per step
-  };
-  issue(0);
   const int ml = lane / 8, mi = lane % 8;  // ldmatrix: this lane's matrix and row in it
+  const bool row0 = g < nr, row1 = RT > 8 && g + 8 < nr;  // this lane's fragment rows g and g + 8 are the CTA's
+  float* sc0 = sc + g * p.chunk;
+  float* sc1 = sc + (RT > 8 ? g + 8 : 0) * p.chunk;
 
-  // ---- scores: warp w takes keys [16w, 16w + 16) of the block (two n-tiles of 8 keys) ----
+  // ---- scores: warp w takes keys [16w, 16w + 16) of the block (two n-tiles of 8 keys), raw dot products ----
   for (int item = 0; item < nvis; ++item) {
-    issue(item + 1);
-    cp_async_wait<1>();
+    issue(item + NS - 1);
+    cp_async_wait<NS - 1>();
     __syncthreads();
     const int blk = nth_visible(item);
     const T* st = stage + (item % NS) * kBlockN * D;
@@ -272,30 +291,32 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
-        const int r = g + (i >> 1) * 8, kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4 + (i & 1);
-        if (r < nr) {
-          sc[r * p.chunk + kl] =
-              key_begin + kl < p.s ? fmaf(acc[nt][i], p.scale_log2, smask[s_src[r] * p.chunk + kl]) : -INFINITY;
-        }
-      }
+    for (int nt = 0; nt < 2; ++nt) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
+      const int kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4;
+      if (row0) *reinterpret_cast<float2*>(sc0 + kl) = make_float2(acc[nt][0], acc[nt][1]);
+      if (row1) *reinterpret_cast<float2*>(sc1 + kl) = make_float2(acc[nt][2], acc[nt][3]);
     }
     __syncthreads();  // the stage is read before a later step refills it
   }
-  __syncthreads();  // no visible block: the hidden values written above
 
-  // ---- softmax numerators over this split: one warp per row (the first V block is in flight) ----
+  // ---- softmax numerators over this split: one warp per row (the first V blocks are in flight). A key of a
+  // hidden block, or past the cache, has no score (its finite mask value must not enter the softmax) ----
+  const int lim = min(keys, p.s - key_begin);
   for (int r = warp; r < nr; r += kWarps) {
+    float* srow = sc + r * p.chunk;
+    const float* mrow = smask + s_src[r] * p.chunk;
     float m = -INFINITY;
-    for (int j = lane; j < keys; j += 32) m = fmaxf(m, sc[r * p.chunk + j]);
+    for (int j = lane; j < keys; j += 32) {
+      const float x = j < lim && (vbits >> (j / kBlockN) & 1u) ? fmaf(srow[j], p.scale_log2, mrow[j]) : -INFINITY;
+      srow[j] = x;
+      m = fmaxf(m, x);
+    }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     float l = 0.f;
     for (int j = lane; j < keys; j += 32) {
-      const float e = m == -INFINITY ? 0.f : exp2f(sc[r * p.chunk + j] - m);
-      sc[r * p.chunk + j] = e;
+      const float e = m == -INFINITY ? 0.f : exp2f(srow[j] - m);
+      srow[j] = e;
       l += e;
     }
 #pragma unroll
@@ -309,19 +330,20 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   // ---- O = P V: warp w takes dims [w DW, (w + 1) DW), NT n-tiles, over the visible blocks ----
   float o[NT][4] = {};
   for (int item = nvis; item < items; ++item) {
-    issue(item + 1);
-    cp_async_wait<1>();
+    issue(item + NS - 1);
+    cp_async_wait<NS - 1>();
     __syncthreads();  // (the first time: the probabilities too)
     const int blk = nth_visible(item - nvis);
     const T* st = stage + (item % NS) * kBlockN * D;
 #pragma unroll
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      uint32_t pa[4];
+      uint32_t pa[4];  // A fragment of P, rounded to T (zeros past the CTA's rows)
+      const int kl = blk * kBlockN + ks * 16 + 2 * t4;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // A fragment of P, rounded to T (zeros past the CTA's rows)
-        const int r = g + (i & 1) * 8, kl = blk * kBlockN + ks * 16 + 2 * t4 + (i >> 1) * 8;
-        float2 pv = make_float2(0.f, 0.f);
-        if (r < nr) pv = *reinterpret_cast<const float2*>(sc + r * p.chunk + kl);
+      for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
+        const bool ok = i & 1 ? row1 : row0;
+        const float2 pv = ok ? *reinterpret_cast<const float2*>((i & 1 ? sc1 : sc0) + kl + (i >> 1) * 8)
+                             : make_float2(0.f, 0.f);
         pa[i] = pack2<T>(pv.x, pv.y);
       }
       const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
@@ -519,17 +541,17 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-template <typename T, int D, int RT>
+template <typename T, int D, int RT, int NS>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
-  const auto smem_for = [](int chunk) { return 2 * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
+  const auto smem_for = [](int chunk) { return NS * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
   static const bool sized = [&] {  // over 48 KB of dynamic shared memory must be asked for, once per kernel
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_for(kMaxChunk))));
     return true;
   }();
   (void)sized;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem_for(p.chunk), stream>>>(p);
+  decode_attention_kernel<T, D, RT, NS><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem_for(p.chunk), stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.splits > 1) {
     combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
@@ -543,9 +565,9 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
 
 template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
-  if (rt == 4) return launch<T, D, 4>(p, blocks_x, q);
-  if (rt == 8) return launch<T, D, 8>(p, blocks_x, q);
-  launch<T, D, 16>(p, blocks_x, q);
+  if (rt == 4) return launch<T, D, 4, 2>(p, blocks_x, q);
+  if (rt == 8) return launch<T, D, 8, 2>(p, blocks_x, q);
+  launch<T, D, 16, 2>(p, blocks_x, q);
 }
 
 at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
