@@ -39,7 +39,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
   if (K == 0) return out.zero_();
   Params p{};
   p.x = x.data_ptr(), p.w[0] = w.data_ptr(), p.w[1] = gated ? w2->data_ptr() : nullptr, p.out[0] = out.data_ptr();
-  p.n[0] = static_cast<int>(N), p.tile_end[0] = static_cast<int>(N / 8), p.parts = 1;
+  p.n[0] = static_cast<int>(N), p.parts = 1;
   p.m = static_cast<int>(M), p.k = static_cast<int>(K);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto dispatch = [&](auto tag) {

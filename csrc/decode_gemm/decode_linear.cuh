@@ -18,7 +18,8 @@
 // gate/up at 1-8 rows (1.04-1.13x); slower than cuBLAS for every plain linear (0.43-0.98x), so that rule is
 // off by default. More columns per CTA (16-64) and K split over a thread-block cluster (2-8 CTAs, DSMEM
 // reduction) were slower at the decode shapes (the cluster split won only k/v at 1-8 rows, by up to 1.09x),
-// and were taken out.
+// and were taken out; 16 columns came back for decode_qkv at 17-32 rows (launch_rows' wide), where the
+// activations that every column tile reads cost more than at a few rows.
 #pragma once
 #include "fusekit.h"
 
@@ -61,7 +62,7 @@ constexpr int kMaxParts = 3;
 
 // NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = silu(x w[0]^T) * (x w[1]^T).
 // NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T (+ bias[i] where not null); part i
-// owns the column tiles [tile_end[i-1], tile_end[i]) of the grid's x.
+// owns the column tiles (8 NB columns each) [tile_end[i-1], tile_end[i]) of the grid's x (set by launch).
 struct Params {
   const void* x;
   const void* w[kMaxParts];
@@ -78,17 +79,18 @@ struct Params {
 template <typename V>
 __device__ __forceinline__ V part_of(const V (&a)[kMaxParts], int j) { return j == 0 ? a[0] : j == 1 ? a[1] : a[2]; }
 
-// CTA: 8 warps, 8 columns (blockIdx.x) of one part (or of both gated weights), 16*MT rows (blockIdx.y), all of K.
-template <typename T, int MT, int NW>
+// CTA: 8 warps, 8 NB columns (blockIdx.x) of one part (or of both gated weights), 16*MT rows (blockIdx.y), all
+// of K. NB = 2 halves the column tiles, so x (read by every tile) is read half as often (launch_rows' wide).
+template <typename T, int MT, int NW, int NB>
 __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params p) {
-  constexpr int U = MT * NW <= 2 ? 4 : 2;       // chunks in flight per lane: fewer loads per chunk, more chunks
-  constexpr int F = MT * 4;                     // accumulators per lane and weight
+  constexpr int U = MT * NW * NB <= 2 ? 4 : 2;  // chunks in flight per lane: fewer loads per chunk, more chunks
+  constexpr int F = NB * MT * 4;                // accumulators per lane and weight
   extern __shared__ float red[];                // [kWarps][NW][F][32]: the warps' partial sums
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int j = 0;  // the part this CTA's columns belong to
   if constexpr (NW == 1) j = int(p.parts > 1 && int(blockIdx.x) >= p.tile_end[0]) +
                              int(p.parts > 2 && int(blockIdx.x) >= p.tile_end[1]);
-  const int n0 = (int(blockIdx.x) - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * 8, m0 = blockIdx.y * 16 * MT;
+  const int n0 = (int(blockIdx.x) - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * 8 * NB, m0 = blockIdx.y * 16 * MT;
   const int n = part_of(p.n, j);
   const T* wts[NW];
 #pragma unroll
@@ -96,16 +98,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
   const int chunks = (p.k + kChunk - 1) / kChunk;
   const T* x = static_cast<const T*>(p.x);
 
-  float acc[NW][MT][4];
+  float acc[NW][NB * MT][4];  // [w][nb * MT + i]
 #pragma unroll
   for (int w = 0; w < NW; ++w)
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int i = 0; i < NB * MT; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[w][i][c] = 0.f;
 
   for (int c0 = warp; c0 < chunks; c0 += kWarps * U) {
-    uint4 a[U][MT][2], b[U][NW];
+    uint4 a[U][MT][2], b[U][NW][NB];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // every load of U chunks first, then their products
       const int kk = (c0 + u * kWarps) * kChunk + t * 8;
@@ -120,20 +122,24 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
           if (!ok) a[u][i][h] = make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const int col = n0 + g;
-        const bool ok = kin && col < n;
-        const T* wp = wts[w];
-        b[u][w] = load_stream(ok ? wp + static_cast<int64_t>(col) * p.k + kk : wp);
-        if (!ok) b[u][w] = make_uint4(0, 0, 0, 0);
-      }
+      for (int w = 0; w < NW; ++w)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          const int col = n0 + nb * 8 + g;
+          const bool ok = kin && col < n;
+          const T* wp = wts[w];
+          b[u][w][nb] = load_stream(ok ? wp + static_cast<int64_t>(col) * p.k + kk : wp);
+          if (!ok) b[u][w][nb] = make_uint4(0, 0, 0, 0);
+        }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int w = 0; w < NW; ++w)
 #pragma unroll
-        for (int i = 0; i < MT; ++i) mma_chunk<T>(acc[w][i], a[u][i][0], a[u][i][1], b[u][w]);
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int i = 0; i < MT; ++i) mma_chunk<T>(acc[w][nb * MT + i], a[u][i][0], a[u][i][1], b[u][w][nb]);
   }
 
   // the warps' sums, in warp order (deterministic), then the epilogue; C fragment: c0,c1 row g, c2,c3 row g+8,
@@ -141,15 +147,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
 #pragma unroll
   for (int w = 0; w < NW; ++w)
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int i = 0; i < NB * MT; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[((warp * NW + w) * F + i * 4 + c) * 32 + lane] = acc[w][i][c];
   __syncthreads();
   T* out = static_cast<T*>(part_of(p.out, j));
   const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
   for (int e = threadIdx.x; e < F * 32; e += kWarps * 32) {
-    const int l = e % 32, f = e / 32, c = f % 4, i = f / 4;
-    const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + (l % 4) * 2 + c % 2;
+    const int l = e % 32, f = e / 32, c = f % 4, i = f / 4 % MT, nb = f / (4 * MT);
+    const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + nb * 8 + (l % 4) * 2 + c % 2;
     float s[NW];
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
@@ -166,19 +172,29 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
   }
 }
 
-template <typename T, int MT, int NW>
-void launch(const Params& p, cudaStream_t stream) {
-  const dim3 grid(p.tile_end[p.parts - 1], (p.m + 16 * MT - 1) / (16 * MT));
-  const size_t smem = sizeof(float) * kWarps * NW * MT * 4 * 32;  // <= 32 KB
-  decode_linear_kernel<T, MT, NW><<<grid, kWarps * 32, smem, stream>>>(p);
+template <typename T, int MT, int NW, int NB>
+void launch(Params p, cudaStream_t stream) {
+  int tiles = 0;
+  for (int i = 0; i < p.parts; ++i) p.tile_end[i] = tiles += (p.n[i] + 8 * NB - 1) / (8 * NB);
+  const dim3 grid(tiles, (p.m + 16 * MT - 1) / (16 * MT));
+  const size_t smem = sizeof(float) * kWarps * NW * NB * MT * 4 * 32;  // <= 32 KB
+  decode_linear_kernel<T, MT, NW, NB><<<grid, kWarps * 32, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// p.n and p.parts set; the column tiles are counted here. wide (decode_qkv): 16 columns per CTA at 17-32 rows,
+// where x, read by every column tile, outweighs the weights: Llama-style q+k+v 14.6 -> 10.3 us at 32 rows on an
+// H100 (results/h100_decode_gemm_wide_ab_2026-11-24g.md); plain linears and 1-16 rows measured slower wide.
 template <typename T, int NW>
-void launch_rows(const Params& p, cudaStream_t stream) {
-  if (p.m <= 16) return launch<T, 1, NW>(p, stream);
-  if (p.m <= 32) return launch<T, 2, NW>(p, stream);
-  launch<T, 4, NW>(p, stream);
+void launch_rows(const Params& p, cudaStream_t stream, bool wide = false) {
+  if (p.m <= 16) return launch<T, 1, NW, 1>(p, stream);
+  if (p.m <= 32) {
+    if constexpr (NW == 1) {
+      if (wide) return launch<T, 2, NW, 2>(p, stream);
+    }
+    return launch<T, 2, NW, 1>(p, stream);
+  }
+  launch<T, 4, NW, 1>(p, stream);
 }
 
 // Host side: the checks both ops make, and the rows of x.

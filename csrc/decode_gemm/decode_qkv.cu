@@ -52,18 +52,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor&
   } else if (M > 0) {
     Params p{};
     p.x = x.data_ptr(), p.m = static_cast<int>(M), p.k = static_cast<int>(K);
-    int tiles = 0;
-    for (int i = 0; i < kMaxParts; ++i) {  // parts with no columns are left out
+    for (int i = 0; i < kMaxParts; ++i) {  // parts with no columns are left out (launch counts the column tiles)
       if (ws[i]->size(0) == 0) continue;
-      tiles += static_cast<int>(ws[i]->size(0) / 8);
       p.w[p.parts] = ws[i]->data_ptr(), p.out[p.parts] = outs[i].data_ptr();
       p.bias[p.parts] = bs[i]->has_value() ? (*bs[i])->data_ptr() : nullptr;
-      p.n[p.parts] = static_cast<int>(ws[i]->size(0)), p.tile_end[p.parts] = tiles;
+      p.n[p.parts] = static_cast<int>(ws[i]->size(0));
       ++p.parts;
     }
     if (p.parts > 0) {
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_rows<decltype(tag), 1>(p, stream); });
+      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_rows<decltype(tag), 1>(p, stream, /*wide=*/true); });
     }
   }
   return {outs[0], outs[1], outs[2]};
