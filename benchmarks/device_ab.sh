@@ -13,6 +13,9 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8} FUSEKIT_CACHE=${FUSEKIT_CACHE:
 NEW=$PWD OLD=/tmp/ab_old_tree
 [ -d ab_old/csrc ] || { echo "ab_old/csrc missing (see the header)"; exit 2; }
 rm -rf "$OLD" && mkdir -p "$OLD" && cp -r fusion_backend patterns benchmarks tests "$OLD"/ && cp -r ab_old/csrc "$OLD/csrc"
+# Neither tree is installed before the benches: fusion_backend.patterns (the top-level patterns/, mapped by
+# pyproject at install) is a symlink, so benches that import it (bench_decode_gemm, decode_bench) run in both.
+for t in "$OLD" "$NEW"; do ln -sfn ../patterns "$t/fusion_backend/patterns"; done
 python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee "$OUT/gpu.txt"
 for t in "$OLD" "$NEW"; do  # both builds at once, MAX_JOBS each
   (cd "$t" && PYTHONPATH="$t" /usr/bin/time -f "$t build %e s" python3 -m fusion_backend.build --arch 9.0a > "$OUT/build_$(basename "$t").log" 2>&1) &

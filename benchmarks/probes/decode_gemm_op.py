@@ -1,56 +1,20 @@
 """The decode_gemm ops alone (no compile) against eager cuBLAS, cold weights, at the benchmark models' q/k/v,
-k/v, o and down linears: us per call, % of the weight bytes at the copy bandwidth. For A/Bs of the kernel.
+k/v, o and down linears: us per call, % of the weight bytes at the copy bandwidth. For A/Bs of the kernel
+(benchmarks/device_ab.sh, whose trees are not installed: it links fusion_backend/patterns for bench_decode_gemm).
 
 python benchmarks/probes/decode_gemm_op.py [--rows 1,8,16,24,32] [--linears q+k+v,k/v,o,down]"""
 import argparse
 import math
+import pathlib
 import statistics
+import sys
 
 import torch
-import torch.nn.functional as F
 
-from fusion_backend import _ext
-from fusion_backend.tools.models import MODELS
-
-MB = 2**20
-
-
-def linears(spec):  # as bench_decode_gemm.linears (which needs the installed package)
-    c = spec.full
-    h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    d = c.get("head_dim", h // heads)
-    return [("k/v", h, (kv * d,), "plain"), ("q+k+v", h, (heads * d, kv * d, kv * d), "qkv"),
-            ("o", heads * d, (h,), "plain"), ("down", c["intermediate_size"], (h,), "plain")]
-
-
-def reference_and_op(kind):
-    if kind == "qkv":
-        return (lambda x, *w: tuple(F.linear(x, wi) for wi in w)), torch.ops.fusekit.decode_qkv
-    return (lambda x, w: F.linear(x, w)), (lambda x, w: torch.ops.fusekit.decode_linear(x, w, None, "none"))
-
-
-def graph_time(fn, sets, reps):
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        [fn(i) for i in range(sets)]
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        [fn(i) for i in range(sets)]
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) / sets
-
-
-def copy_bandwidth():
-    src = torch.empty(256 * MB, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / graph_time(lambda i: dst.copy_(src), 1, 50) / 1e6
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/
+from bench_decode_gemm import MB, copy_bandwidth, graph_time, linears, reference_and_op  # noqa: E402
+from fusion_backend import _ext  # noqa: E402
+from fusion_backend.tools.models import MODELS  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rows", default="1,8,16,24,32")
