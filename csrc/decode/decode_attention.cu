@@ -120,31 +120,28 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
-// Stages of the K/V ring (NS; only 2 is built) and the CTAs per SM that shared memory then allows (NS x 64 keys, 2 x RT x 1 KB of
-// scores and mask rows): registers to fit them (head dim 256: 2 at most, its Q fragments take 64 registers).
-template <int D, int RT, int NS>
-constexpr int min_ctas() {
-  constexpr int bytes = NS * kBlockN * D * 2 + 2 * RT * kMaxChunk * 4 + 1024 + 256;  // (+ reserved, static)
-  constexpr int fit = 233472 / bytes, cap = D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3;
-  return fit < 1 ? 1 : fit < cap ? fit : cap;
-}
+constexpr int kStages = 2;  // of the K/V ring (four, with 3 CTAs per SM, measured slower at batch 32)
+
+// CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
+template <int D, int RT>
+constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
 
 // One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= 4 blocks of 64 keys). The
-// mask first (each distinct mask row once), then K and V of the visible blocks through a ring of NS
+// mask first (each distinct mask row once), then K and V of the visible blocks through a ring of kStages
 // shared-memory stages (cp.async; rows XOR-swizzled by 16-byte chunk, so ldmatrix is conflict-free; q is read
 // while the first blocks are in flight), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the
 // split's softmax in shared memory (scale and mask applied there, off the ring's path), O = P V with P rounded
 // to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums. Warp w computes keys [16w, 16w + 16) of each
 // block's scores and dims [w D/4, (w + 1) D/4) of the output.
-template <typename T, int D, int RT, int NS>
-__global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT, NS>()) decode_attention_kernel(const Params p) {
+template <typename T, int D, int RT>
+__global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attention_kernel(const Params p) {
+  constexpr int NS = kStages;
   constexpr int CPR = D / 8;                          // 16-byte chunks per key row
   constexpr int RSTEP = kWarps * 32 / CPR;            // rows between one thread's copies
   constexpr int CPT = kBlockN / RSTEP;                // cp.async per thread per block
   constexpr int KPT = kMaxChunk / (kWarps * 32);      // mask keys per thread per row
   constexpr int DW = D / kWarps;                      // output dims per warp
   constexpr int NT = DW / 8;                          // n-tiles of 8 dims per warp
-  static_assert((NS & (NS - 1)) == 0, "NS: a power of two");
   extern __shared__ __align__(16) float smem[];
   T* stage = reinterpret_cast<T*>(smem);                             // [NS][kBlockN][D], swizzled
   float* sc = smem + NS * kBlockN * D * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
@@ -541,17 +538,17 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-template <typename T, int D, int RT, int NS>
+template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
-  const auto smem_for = [](int chunk) { return NS * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
+  const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
   static const bool sized = [&] {  // over 48 KB of dynamic shared memory must be asked for, once per kernel
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_for(kMaxChunk))));
     return true;
   }();
   (void)sized;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  decode_attention_kernel<T, D, RT, NS><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem_for(p.chunk), stream>>>(p);
+  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem_for(p.chunk), stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.splits > 1) {
     combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
@@ -565,9 +562,9 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
 
 template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
-  if (rt == 4) return launch<T, D, 4, 2>(p, blocks_x, q);
-  if (rt == 8) return launch<T, D, 8, 2>(p, blocks_x, q);
-  launch<T, D, 16, 2>(p, blocks_x, q);
+  if (rt == 4) return launch<T, D, 4>(p, blocks_x, q);
+  if (rt == 8) return launch<T, D, 8>(p, blocks_x, q);
+  launch<T, D, 16>(p, blocks_x, q);
 }
 
 at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
