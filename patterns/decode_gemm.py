@@ -34,7 +34,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.C
 # Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8,
 # q/k/v than cuBLAS's three calls up to 32 (Llama-style: 0.81x at 48)
 # (H100, bench_decode_gemm.py); the plain linear (off by default) where named, up to 32.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 32, "linear": 32}
+MAX_ROWS = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
+# The plain linear fires on weights up to this many bytes: above it (an lm_head) cuBLAS streams the weight near
+# the copy bandwidth already.
+LINEAR_MAX_WEIGHT_BYTES = 64 * 2**20
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
@@ -73,6 +76,16 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
         return None
 
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
+
+
+def weight_at_most(w: str, limit: int) -> G.Guard:
+    """Should fire: a weight of at most `limit` bytes."""
+    def check(s: G.Site) -> str | None:
+        t = s.tensor(w)
+        size = t.numel() * t.element_size()
+        return None if known(size <= limit) else f"{w} of {size} bytes (> {limit}): cuBLAS streams it well"
+
+    return G.Guard(f"weight_at_most({w})", check)
 
 
 def few_rows(x: str, limit: int) -> G.Guard:
@@ -115,11 +128,11 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     return Pattern(
         f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_linear_ref, op="decode_linear",
-        cuda_default=gated,
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
         gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", MAX_ROWS[name])),
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", MAX_ROWS[name]),
+                *(() if gated else (weight_at_most("w", LINEAR_MAX_WEIGHT_BYTES),))),
     )
 
 

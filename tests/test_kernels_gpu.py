@@ -3,6 +3,8 @@
 Quantize outputs must equal eager CUDA bit for bit. Floating outputs follow the flash-attention rule:
 the fused result is at most 2x as far from a float64 reference as eager in the same dtype (+ a tiny atol).
 """
+import contextlib
+import os
 import pytest
 import torch
 
@@ -526,6 +528,42 @@ def test_matmul_output_cast_and_tf32():
             _check(p, args, rep.output) if fires else torch.testing.assert_close(rep.output, p.eager(*args))
 
 
+@contextlib.contextmanager
+def _decode_gemm_kernel(choice: str):
+    """decode_linear / decode_qkv's kernel for the calls inside: "old" (decode_linear_kernel), "splitk" (the
+    split-K kernel where it fits, the default) or "splitk:S" (S splits of K)."""
+    before = os.environ.get("FUSEKIT_DECODE_GEMM")
+    os.environ["FUSEKIT_DECODE_GEMM"] = choice
+    try:
+        yield
+    finally:
+        os.environ.pop("FUSEKIT_DECODE_GEMM") if before is None else os.environ.__setitem__("FUSEKIT_DECODE_GEMM", before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("choice", ["old", "splitk", "splitk:1", "splitk:2", "splitk:3", "splitk:8"],
+                         ids=lambda c: c.replace(":", ""))
+def test_decode_gemm_kernels_rows_splits_and_tails(dtype, choice):
+    """Each decode GEMM kernel and K split (the split-K kernel's x row tiles of 8/16/32/64 rows, clusters of 1-8
+    CTAs, splits that end in a K tail, 64-column tiles that end past N) for the plain, gated and q/k/v ops with
+    biases, within the 2x rule of eager against float64; the same result on every call (the splits are summed
+    in a fixed order)."""
+    pl, pg = table.by_id("decode_gemm.linear_2d"), table.by_id("decode_gemm.gate_up_silu_2d")
+    pb = table.by_id("decode_gemm.qkv_bias_2d")
+    with _decode_gemm_kernel(choice):
+        for m in (1, 8, 9, 16, 17, 32, 33, 64):
+            for k in (72, 1032, 2056):
+                for p in (pl, pg):
+                    args = p.make_args((m, k, 200), dtype, "cuda")
+                    out = _run(p, args)
+                    _check(p, args, out)
+                    assert torch.equal(out, _run(p, args))
+                args = pb.make_args((m, k, 136, 8), dtype, "cuda")
+                _check(pb, args, _run(pb, args))
+        args = pl.make_args((32, 5632, 2048), dtype, "cuda")  # Llama-style down: the longest slice held
+        _check(pl, args, _run(pl, args))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_linear_row_tiles_tails_and_graphs(dtype):
     """decode_linear at row counts over one, two and four 16-row tiles and over gridDim.y, plain and gated,
@@ -557,7 +595,8 @@ def test_decode_linear_row_tiles_tails_and_graphs(dtype):
 def test_decode_qkv_parts_tails_and_graphs(dtype):
     """decode_qkv: the three parts' column tiles side by side in one grid, at row counts over one, two and
     four 16-row tiles, K tails, parts of 8 columns and parts with none (left out of the grid); every output
-    equal to decode_linear's of its weight (the same kernel, so bit for bit) and within the 2x rule of eager;
+    within the 2x rule of eager (and, with decode_linear_kernel, equal to decode_linear's of its weight bit for bit:
+    the same kernel and sums; the split-K kernel may split K differently for three weights than for one);
     inside a CUDA graph too. Bad direct calls raise fusekit errors."""
     p, pb = table.by_id("decode_gemm.qkv_2d"), table.by_id("decode_gemm.qkv_bias_2d")
     for m in (1, 17, 33, 70):
@@ -565,8 +604,9 @@ def test_decode_qkv_parts_tails_and_graphs(dtype):
             args = p.make_args((m, k, nq, nkv), dtype, "cuda")
             outs = _run(p, args)
             _check(p, args, outs)
-            for o, w in zip(outs, args[1:]):
-                assert torch.equal(o, torch.ops.fusekit.decode_linear(args[0], w, None, "none"))
+            with _decode_gemm_kernel("old"):
+                for o, w in zip(_run(p, args), args[1:]):
+                    assert torch.equal(o, torch.ops.fusekit.decode_linear(args[0], w, None, "none"))
             args = pb.make_args((m, k, nq, nkv), dtype, "cuda")  # with biases (Qwen2's)
             _check(pb, args, _run(pb, args))
     bias = torch.randn(16, device="cuda", dtype=dtype)  # an empty K: the bias alone

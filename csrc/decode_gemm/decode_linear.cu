@@ -11,7 +11,7 @@
 // Float32 accumulation; "silu_mul" rounds the two products, silu(gate) and the result to x's dtype, as eager.
 //
 // The kernel, why it is shaped so and what it measured: decode_linear.cuh.
-#include "decode_linear.cuh"
+#include "decode_linear_splitk.cuh"
 
 namespace fusekit {
 namespace {
@@ -44,8 +44,8 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto dispatch = [&](auto tag) {
     using T = decltype(tag);
-    if (gated) return launch_rows<T, 2>(p, stream);
-    launch_rows<T, 1>(p, stream);
+    if (gated) return launch_decode_linear<T, 2>(p, stream);
+    launch_decode_linear<T, 1>(p, stream);
   };
   dispatch_half_bf16(x.scalar_type(), dispatch);
   return out;

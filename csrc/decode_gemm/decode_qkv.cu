@@ -14,7 +14,7 @@
 // per projection, each too small to fill an H100 (Llama-style k/v: 2 MB in 5.6 us, 13% of the copy
 // bandwidth). One launch with the three weights' column tiles side by side in its grid streams all of them
 // at once. The kernel is decode_linear's (decode_linear.cuh).
-#include "decode_linear.cuh"
+#include "decode_linear_splitk.cuh"
 
 namespace fusekit {
 namespace {
@@ -61,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor&
     }
     if (p.parts > 0) {
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_rows<decltype(tag), 1>(p, stream, /*wide=*/true); });
+      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_decode_linear<decltype(tag), 1>(p, stream, /*wide=*/true); });
     }
   }
   return {outs[0], outs[1], outs[2]};

@@ -1,0 +1,300 @@
+// The split-K decode-linear kernel (sm_90): decode_linear_kernel's products with the roles of the operands
+// swapped and K split over a thread-block cluster, for the 1-64 rows of a decode step.
+//
+// Why: decode_linear_kernel's CTA owns 8 output columns and all of K, so every CTA reads all of x: at 32 rows
+// that is 4 activation loads per weight load, and x (128 KB at K = 2048) is read through L2 once per 8 columns.
+// cuBLAS's nvjet kernels reach 45-73% of the copy bandwidth at 32 rows (H100: o 6.2 us for 8 MB, gate and up
+// 10.6 us each for 23 MB; benchmarks/NOTES.md). Here weight rows are the mma's M side (16 per warp, 64 per
+// CTA) and x's rows its N side (8 per mma, XM mmas), so one x fragment serves 16 weight rows, and a CTA takes
+// a slice of K: x's slice sits in shared memory, loaded once (cp.async) while the first weight loads are in
+// flight. The S CTAs of a cluster take the S slices of K of one 64-column tile and add their fp32 partial tiles
+// through distributed shared memory, each CTA summing 1/S of the tile in rank order (deterministic) and writing
+// it with the epilogue (silu-mul, bias). No workspace, no counters, no second launch: CUDA-graph safe.
+//
+// Weight loads as in decode_linear_kernel: lane (g, t) reads 8 consecutive k of weight rows g and g+8 straight
+// into registers (16-byte streaming loads, U chunks of 32 k in flight per warp), x's 8 k of its row g from
+// shared memory, and both operands take the same permutation of k (mma_chunk's), so no ldmatrix is needed.
+#pragma once
+#include <cooperative_groups.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "decode_linear.cuh"
+
+namespace fusekit {
+namespace decode_gemm {
+
+constexpr int kSkWarps = 4;
+constexpr int kSkCols = 16 * kSkWarps;  // output columns (weight rows) per CTA and weight
+constexpr int kSkMaxSplits = 8;         // the portable cluster size
+constexpr int kRedStride = kSkCols + 4;  // floats per row of the partial tile: the fragment stores hit 32 banks
+
+// 16 bytes global -> shared without registers; pred false: zeros (src must still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool pred) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+
+// Elements per row of x's slice in shared memory: the slice rounded up to 64, plus 32, so rows g and g+1 of one
+// 16-byte-per-lane load are 64 bytes apart modulo 128 (no bank conflict within a quarter warp).
+__host__ __device__ constexpr int x_stride(int chunks_per_split) { return (chunks_per_split * kChunk + 63) / 64 * 64 + 32; }
+
+// Grid (column tiles of all parts, S); cluster (1, S, 1): blockIdx.y is the split and the rank in the cluster.
+// XM: x row tiles of 8 (rows 8*XM >= m); NW as decode_linear_kernel's (2: gate and up, silu-mul epilogue).
+template <typename T, int XM, int NW>
+__global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(const Params p, int chunks_per_split) {
+  constexpr int U = NW == 2 ? 4 : 8;  // chunks of 32 k in flight per warp
+  constexpr int R = 8 * XM;           // x rows held (rows >= m are zeros)
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);  // [R][x_stride]; after the products, the partial tile (red)
+  const int stride = x_stride(chunks_per_split);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int split = blockIdx.y, splits = gridDim.y;
+  int j = 0;  // the part this CTA's columns belong to
+  if constexpr (NW == 1) j = int(p.parts > 1 && int(blockIdx.x) >= p.tile_end[0]) +
+                             int(p.parts > 2 && int(blockIdx.x) >= p.tile_end[1]);
+  const int n0 = (int(blockIdx.x) - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * kSkCols;
+  const int n = part_of(p.n, j);
+  const int chunks = (p.k + kChunk - 1) / kChunk;
+  const int c_beg = split * chunks_per_split, c_end = min(chunks, c_beg + chunks_per_split);
+  const T* x = static_cast<const T*>(p.x);
+
+  // x's slice: rows [0, R) (zeros past m), k [c_beg * 32, c_end * 32) (zeros past K)
+  const int per_row = (c_end - c_beg) * (kChunk / 8);
+  for (int e = threadIdx.x; e < R * per_row; e += kSkWarps * 32) {
+    const int r = e / per_row, c8 = e % per_row, kk = c_beg * kChunk + c8 * 8;
+    const bool ok = r < p.m && kk < p.k;
+    cp_async16_zfill(xs + r * stride + c8 * 8, ok ? x + static_cast<int64_t>(r) * p.k + kk : x, ok);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+
+  // this lane's weight rows: n0 + 16 warp + g and + 8, of each weight
+  const T* wrow[NW][2];
+  bool rok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int col = n0 + warp * 16 + h * 8 + g;
+    rok[h] = col < n;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const T* base = static_cast<const T*>(NW == 1 ? part_of(p.w, j) : p.w[w]);
+      wrow[w][h] = rok[h] ? base + static_cast<int64_t>(col) * p.k : base;
+    }
+  }
+
+  float acc[NW][XM][4];
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < XM; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[w][i][c] = 0.f;
+
+  bool x_ready = false;
+  for (int c0 = c_beg; c0 < c_end; c0 += U) {
+    uint4 b[U][NW][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every weight load of U chunks, then the products
+      const int kk = (c0 + u) * kChunk + t * 8;
+      const bool kin = c0 + u < c_end && kk < p.k;  // K % 8 == 0: a lane's 8 elements all in or all out
+#pragma unroll
+      for (int w = 0; w < NW; ++w)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool ok = kin && rok[h];
+          b[u][w][h] = load_stream(ok ? wrow[w][h] + kk : wrow[w][h]);
+          if (!ok) b[u][w][h] = make_uint4(0, 0, 0, 0);
+        }
+    }
+    if (!x_ready) {  // once, with the first weight loads in flight (every warp runs the same trips)
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      __syncthreads();
+      x_ready = true;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (c0 + u >= c_end) break;
+      const T* xp = xs + g * stride + (c0 + u - c_beg) * kChunk + t * 8;
+#pragma unroll
+      for (int i = 0; i < XM; ++i) {
+        const uint4 xf = *reinterpret_cast<const uint4*>(xp + i * 8 * stride);
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {  // A: weight rows g, g+8 (16 x 16); B: x rows (16 x 8), k permuted alike
+          mma16816<T>(acc[w][i], b[u][w][0].x, b[u][w][1].x, b[u][w][0].y, b[u][w][1].y, xf.x, xf.y);
+          mma16816<T>(acc[w][i], b[u][w][0].z, b[u][w][1].z, b[u][w][0].w, b[u][w][1].w, xf.z, xf.w);
+        }
+      }
+    }
+  }
+  if (!x_ready) asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // an empty split still waits for its copies
+  __syncthreads();  // every warp is done with xs
+
+  // the partial tile, red[w][row][col] (row: x's row, col: the tile's column); C fragment: c0, c1 weight row g,
+  // x rows 2t, 2t+1; c2, c3 weight row g + 8
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < XM; ++i) {
+      float* r0 = red + (w * R + i * 8 + 2 * t) * kRedStride + warp * 16 + g;
+      r0[0] = acc[w][i][0];
+      r0[kRedStride] = acc[w][i][1];
+      r0[8] = acc[w][i][2];
+      r0[kRedStride + 8] = acc[w][i][3];
+    }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
+#else
+  __syncthreads();  // built for an older GPU: launched with one split only (decode_linear_splitk_splits)
+#endif
+
+  // this CTA's share of the tile: column pairs [split, R * 32) step splits, summed over the splits in rank order
+  T* out = static_cast<T*>(part_of(p.out, j));
+  const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
+  const int rows = min(R, p.m);
+  for (int e = split * kSkWarps * 32 + threadIdx.x; e < rows * (kSkCols / 2); e += splits * kSkWarps * 32) {
+    const int row = e / (kSkCols / 2), col = 2 * (e % (kSkCols / 2));
+    if (n0 + col >= n) continue;  // n is a multiple of 8: both columns in or both out
+    float2 v[NW][kSkMaxSplits];  // every split's pair loaded first (one round trip), then summed in rank order
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float* mine = red + (w * R + row) * kRedStride + col;
+#pragma unroll
+      for (int q = 0; q < kSkMaxSplits; ++q) {
+        if (q >= splits) break;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        v[w][q] = *reinterpret_cast<const float2*>(cluster.map_shared_rank(mine, q));
+#else
+        v[w][q] = *reinterpret_cast<const float2*>(mine);
+#endif
+      }
+    }
+    float2 s[NW];
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      s[w] = v[w][0];
+#pragma unroll
+      for (int q = 1; q < kSkMaxSplits; ++q) {
+        if (q >= splits) break;
+        s[w].x += v[w][q].x, s[w].y += v[w][q].y;
+      }
+    }
+    float y0 = s[0].x, y1 = s[0].y;
+    if constexpr (NW == 2) {
+      y0 = round_to<T>(fast_silu(round_to<T>(s[0].x))) * round_to<T>(s[1].x);
+      y1 = round_to<T>(fast_silu(round_to<T>(s[0].y))) * round_to<T>(s[1].y);
+    }
+    if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
+    T* o = out + static_cast<int64_t>(row) * n + n0 + col;
+    o[0] = from_float<T>(y0);
+    o[1] = from_float<T>(y1);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // no CTA leaves while another still reads its shared memory (the reads are done: no release needed)
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
+constexpr size_t kSkSmemBudget = 112 * 1024;  // x's slice per CTA: two CTAs per SM at the least
+
+template <typename T>
+constexpr size_t slice_bytes(int rows, int chunks_per_split) { return size_t(rows) * x_stride(chunks_per_split) * sizeof(T); }
+
+// K split per column tile: S in [1, 8], at least 4 chunks (128 k) per split and x's slice within the budget,
+// minimizing the CTAs an SM runs in turn times each one's chunks plus a fixed cost of ~4 chunks (x's slice, the
+// cluster's two barriers, the reduction). 0: no split fits (K too long for 8 splits of this many rows).
+template <typename T>
+int splitk_splits(int tiles, int chunks, int rows) {
+  const int sms = sm_count();
+  int best = 0;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= kSkMaxSplits; ++s) {
+    const int per = (chunks + s - 1) / s;
+    if (s > 1 && per < 4) break;
+    if ((chunks + per - 1) / per < s || slice_bytes<T>(rows, per) > kSkSmemBudget) continue;  // empty split, too big
+    const int64_t cost = (int64_t(tiles) * s + sms - 1) / sms * (per + 4);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
+// Whether this build's kernel has clusters (sm_90+); without them it runs one split only, so it is not used.
+template <typename T, int XM, int NW>
+bool splitk_built() {
+  static const bool yes = [] {
+    cudaFuncAttributes a{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&a, decode_linear_splitk_kernel<T, XM, NW>));
+    return a.binaryVersion >= 90;
+  }();
+  return yes;
+}
+
+// Launches with S splits (0: splitk_splits's choice); false, launching nothing, where no split fits or the build
+// has no clusters.
+template <typename T, int XM, int NW>
+bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
+  if (!splitk_built<T, XM, NW>()) return false;
+  int tiles = 0;
+  for (int i = 0; i < p.parts; ++i) p.tile_end[i] = tiles += (p.n[i] + kSkCols - 1) / kSkCols;
+  const int chunks = (p.k + kChunk - 1) / kChunk;
+  int s = splits > 0 ? std::min(splits, kSkMaxSplits) : splitk_splits<T>(tiles, chunks, 8 * XM);
+  if (s == 0) return false;
+  const int per = (chunks + s - 1) / s;
+  s = (chunks + per - 1) / per;  // no empty split
+  const size_t smem = std::max(slice_bytes<T>(8 * XM, per), size_t(NW) * 8 * XM * kRedStride * sizeof(float));
+  if (smem > kSkSmemBudget) return false;
+  static bool opted_in[64] = {};  // the opt-in above 48 KB of shared memory, once per device
+  const int dev = c10::cuda::current_device();
+  if (smem > 48 * 1024 && !opted_in[dev]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_linear_splitk_kernel<T, XM, NW>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSkSmemBudget)));
+    opted_in[dev] = true;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(tiles, s);
+  cfg.blockDim = dim3(kSkWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = s, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_linear_splitk_kernel<T, XM, NW>, p, per));
+  return true;
+}
+
+// Temporary A/B switch (removed once measured): FUSEKIT_DECODE_GEMM = old | splitk | splitk:S.
+inline int ab_choice(int& splits) {
+  const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
+  splits = 0;
+  if (e == nullptr) return -1;
+  if (std::strncmp(e, "old", 3) == 0) return 0;
+  if (std::strncmp(e, "splitk", 6) == 0) {
+    if (e[6] == ':') splits = std::atoi(e + 7);
+    return 1;
+  }
+  return -1;
+}
+
+// Every launch of decode_linear and decode_qkv: the split-K kernel at 1-64 rows where it fits, else
+// decode_linear_kernel (launch_rows).
+template <typename T, int NW>
+void launch_decode_linear(const Params& p, cudaStream_t stream, bool wide = false) {
+  int splits = 0;
+  const int choice = ab_choice(splits);
+  bool done = false;
+  if (choice != 0 && p.m <= 64) {
+    if (p.m <= 8) done = launch_splitk<T, 1, NW>(p, stream, splits);
+    else if (p.m <= 16) done = launch_splitk<T, 2, NW>(p, stream, splits);
+    else if (p.m <= 32) done = launch_splitk<T, 4, NW>(p, stream, splits);
+    else done = launch_splitk<T, 8, NW>(p, stream, splits);
+  }
+  if (!done) launch_rows<T, NW>(p, stream, wide);
+}
+
+}  // namespace decode_gemm
+}  // namespace fusekit
