@@ -2,8 +2,7 @@
 # One call on the lent GPU for the split-K decode GEMM kernel (csrc/decode_gemm/decode_linear_splitk.cuh):
 # install, the decode GEMM kernel tests (every kernel and K split), memcheck over the split tests, the ops alone
 # against cuBLAS (old kernel vs split-K, benchmarks/probes/decode_gemm_op.py), then decode steps with the
-# previous selection and kernel (SEL=old: FUSEKIT_DECODE_GEMM=old, gate/up <= 8 rows, q/k/v <= 32, no plain
-# linear) and the current one. Env: PHASES (default "tests san op steps"), ROWS, LINEARS, MODELS, BATCHES,
+# previous selection and kernel (old: FUSEKIT_DECODE_GEMM=old, q/k/v <= 32 rows) and the current one. Env: PHASES (default "tests san op steps"), ROWS, LINEARS, MODELS, BATCHES,
 # POSITIONS, DEADLINE (s). Logs under $OUT.
 set -uo pipefail
 T0=$(date +%s)
@@ -18,7 +17,7 @@ if [[ " $PHASES " == *" tests "* ]]; then
 fi
 if [[ " $PHASES " == *" san "* ]] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
-    -k "rows_splits and bfloat16 and (splitk3 or splitk8 or splitk-)" > "$OUT/memcheck.log" 2>&1
+    -k "rows_splits and dtype1 and (splitk3 or splitk8)" > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
 fi
 if [[ " $PHASES " == *" op "* ]]; then
@@ -30,7 +29,7 @@ if [[ " $PHASES " == *" steps "* ]]; then
     [ "$(left)" -lt 60 ] && break
     cp patterns/decode_gemm.py /tmp/decode_gemm.py.new
     if [ $sel = old ]; then
-      sed -i 's/^MAX_ROWS = .*/MAX_ROWS = {"gate_up_silu": 8, "qkv": 32, "linear": 32}/; s/^LINEAR_MAX_WEIGHT_BYTES = .*/LINEAR_MAX_WEIGHT_BYTES = 0/' patterns/decode_gemm.py
+      sed -i 's/^MAX_ROWS = .*/MAX_ROWS = {"gate_up_silu": 8, "qkv": 32, "linear": 32}/' patterns/decode_gemm.py
       export FUSEKIT_DECODE_GEMM=old
     else
       unset FUSEKIT_DECODE_GEMM

@@ -8,7 +8,8 @@ kernel; the op reads both weights in one launch and writes silu(gate) * up.
 q, k and v are three linears of one input: ``fusekit::decode_qkv`` reads the three weights in one launch (with
 Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Measured against cuBLAS's three calls
 (results/h100_decode_gemm_qkv_2026-11-24d.md): Llama-style 2.27x / 2.18x / 1.93x / 1.21x at 1 / 8 / 16 / 32 rows,
-0.81x at 48; Qwen2-style 2.57x at 1 row to 1.37x at 64. They fire up to 32 rows.
+Qwen2-style 2.57x at 1 row to 1.37x at 64; at 33-64 rows through the split-K kernel (decode_linear_splitk.cuh;
+results/h100_decode_gemm_splitk_2026-11-25.md) Llama-style 1.29-1.37x, Qwen2-style 1.41-1.47x. They fire up to 64 rows.
 
 Measured selection (benchmarks/bench_decode_gemm.py, H100, cold weights; results/h100_decode_gemm.md): gate/up
 fires by default up to 8 rows (Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style
@@ -32,12 +33,9 @@ from fusion_backend.registry import Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
 # Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8,
-# q/k/v than cuBLAS's three calls up to 32 (Llama-style: 0.81x at 48)
-# (H100, bench_decode_gemm.py); the plain linear (off by default) where named, up to 32.
-MAX_ROWS = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
-# The plain linear fires on weights up to this many bytes: above it (an lm_head) cuBLAS streams the weight near
-# the copy bandwidth already.
-LINEAR_MAX_WEIGHT_BYTES = 64 * 2**20
+# q/k/v than cuBLAS's three calls up to 64 (H100, bench_decode_gemm.py, probes/decode_gemm_op.py); the plain linear
+# (off by default) where named, up to 32.
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32}
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
@@ -76,16 +74,6 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
         return None
 
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
-
-
-def weight_at_most(w: str, limit: int) -> G.Guard:
-    """Should fire: a weight of at most `limit` bytes."""
-    def check(s: G.Site) -> str | None:
-        t = s.tensor(w)
-        size = t.numel() * t.element_size()
-        return None if known(size <= limit) else f"{w} of {size} bytes (> {limit}): cuBLAS streams it well"
-
-    return G.Guard(f"weight_at_most({w})", check)
 
 
 def few_rows(x: str, limit: int) -> G.Guard:
@@ -128,11 +116,11 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     return Pattern(
         f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_linear_ref, op="decode_linear",
+        cuda_default=gated,
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
         gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", MAX_ROWS[name]),
-                *(() if gated else (weight_at_most("w", LINEAR_MAX_WEIGHT_BYTES),))),
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", MAX_ROWS[name])),
     )
 
 

@@ -267,8 +267,10 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
   return true;
 }
 
-// Temporary A/B switch (removed once measured): FUSEKIT_DECODE_GEMM = old | splitk | splitk:S.
-inline int ab_choice(int& splits) {
+// FUSEKIT_DECODE_GEMM (tests and A/Bs; read at each launch, so at a CUDA graph's capture): "old" forces
+// decode_linear_kernel, "splitk" the split-K kernel wherever it fits (1-64 rows), "splitk:S" with S splits of K.
+// Returns -1 (unset: the measured selection), 0 (old) or 1 (split-K), and S (0: splitk_splits's choice).
+inline int forced_kernel(int& splits) {
   const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
   splits = 0;
   if (e == nullptr) return -1;
@@ -280,20 +282,23 @@ inline int ab_choice(int& splits) {
   return -1;
 }
 
-// Every launch of decode_linear and decode_qkv: the split-K kernel at 1-64 rows where it fits, else
-// decode_linear_kernel (launch_rows).
+// Every launch of decode_linear and decode_qkv. Measured selection (H100, cold weights, op alone against
+// cuBLAS; results/h100_decode_gemm_splitk_2026-11-25.md): the split-K kernel for q/k/v at 33-64 rows (Llama-style
+// 17.7 -> 13.0-13.7 us, decode_linear_kernel 20.8-23.0; Qwen2-style 15.1 -> 10.3-10.7), decode_linear_kernel
+// elsewhere: at 1-32 rows it was as fast or faster, and no kernel here beat cuBLAS on the plain o/down linears.
 template <typename T, int NW>
-void launch_decode_linear(const Params& p, cudaStream_t stream, bool wide = false) {
+void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
   int splits = 0;
-  const int choice = ab_choice(splits);
+  const int forced = forced_kernel(splits);
+  const bool splitk = forced == 1 ? p.m <= 64 : forced == -1 && qkv && p.m > 32 && p.m <= 64;
   bool done = false;
-  if (choice != 0 && p.m <= 64) {
+  if (splitk) {
     if (p.m <= 8) done = launch_splitk<T, 1, NW>(p, stream, splits);
     else if (p.m <= 16) done = launch_splitk<T, 2, NW>(p, stream, splits);
     else if (p.m <= 32) done = launch_splitk<T, 4, NW>(p, stream, splits);
     else done = launch_splitk<T, 8, NW>(p, stream, splits);
   }
-  if (!done) launch_rows<T, NW>(p, stream, wide);
+  if (!done) launch_rows<T, NW>(p, stream, /*wide=*/qkv);
 }
 
 }  // namespace decode_gemm

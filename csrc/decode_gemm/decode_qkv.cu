@@ -61,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor&
     }
     if (p.parts > 0) {
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_decode_linear<decltype(tag), 1>(p, stream, /*wide=*/true); });
+      dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_decode_linear<decltype(tag), 1>(p, stream, /*qkv=*/true); });
     }
   }
   return {outs[0], outs[1], outs[2]};
