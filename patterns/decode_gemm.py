@@ -9,7 +9,7 @@ q, k and v are three linears of one input: ``fusekit::decode_qkv`` reads the thr
 Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Measured against cuBLAS's three calls
 (results/h100_decode_gemm_qkv_2026-11-24d.md): Llama-style 2.27x / 2.18x / 1.93x / 1.21x at 1 / 8 / 16 / 32 rows,
 Qwen2-style 2.57x at 1 row to 1.37x at 64; at 33-64 rows through the split-K kernel (decode_linear_splitk.cuh;
-results/h100_decode_gemm_splitk_2026-11-25.md) Llama-style 1.29-1.37x, Qwen2-style 1.41-1.47x. They fire up to 64 rows.
+results/h100_decode_gemm_splitk_2026-11-24h.md) Llama-style 1.29-1.37x, Qwen2-style 1.41-1.47x. They fire up to 64 rows.
 
 Measured selection (benchmarks/bench_decode_gemm.py, H100, cold weights; results/h100_decode_gemm.md): gate/up
 fires by default up to 8 rows (Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style

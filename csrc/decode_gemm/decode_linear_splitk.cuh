@@ -283,7 +283,7 @@ inline int forced_kernel(int& splits) {
 }
 
 // Every launch of decode_linear and decode_qkv. Measured selection (H100, cold weights, op alone against
-// cuBLAS; results/h100_decode_gemm_splitk_2026-11-25.md): the split-K kernel for q/k/v at 33-64 rows (Llama-style
+// cuBLAS; results/h100_decode_gemm_splitk_2026-11-24h.md): the split-K kernel for q/k/v at 33-64 rows (Llama-style
 // 17.7 -> 13.0-13.7 us, decode_linear_kernel 20.8-23.0; Qwen2-style 15.1 -> 10.3-10.7), decode_linear_kernel
 // elsewhere: at 1-32 rows it was as fast or faster, and no kernel here beat cuBLAS on the plain o/down linears.
 template <typename T, int NW>
