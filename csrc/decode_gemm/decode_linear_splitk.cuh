@@ -14,6 +14,11 @@
 // Weight loads as in decode_linear_kernel: lane (g, t) reads 8 consecutive k of weight rows g and g+8 straight
 // into registers (16-byte streaming loads, U chunks of 32 k in flight per warp), x's 8 k of its row g from
 // shared memory, and both operands take the same permutation of k (mma_chunk's), so no ldmatrix is needed.
+//
+// Measured on an H100 (results/h100_decode_gemm_splitk_2026-11-24h.md): faster than cuBLAS and than
+// decode_linear_kernel for q+k+v at 33-64 rows only (Llama-style 1.29-1.37x cuBLAS); at 1-32 rows no faster than
+// decode_linear_kernel, and on the plain o/down projections slower than cuBLAS at every K split. So
+// launch_decode_linear runs it for decode_qkv at 33-64 rows.
 #pragma once
 #include <cooperative_groups.h>
 
