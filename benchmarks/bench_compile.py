@@ -3,6 +3,7 @@ without CUDA graphs, and fusekit's pass's own time and share of the compile.
 
     python benchmarks/bench_compile.py [--models gpt2,llama] [--phases prefill,decode]
                                        [--modes default,reduce-overhead] [--cpu] [--out DIR]
+                                       [--batches 1,32] [--rounds 3]
 
 Each row compiles the model from scratch (FX-graph and AOTAutograd caches off, Dynamo reset) and times the
 first call, Inductor first, then fusekit. One untimed Inductor compile of the model comes before, so both
@@ -18,6 +19,7 @@ import json
 import pathlib
 import shutil
 import sys
+import statistics
 import time
 
 import torch
@@ -30,10 +32,10 @@ from fusion_backend.report import Report, no_compile_caches
 DECODERS = [n for n, s in models.MODELS.items() if not s.encoder]
 
 
-def build(name: str, phase: str, device: str):
-    """(callable, kwargs, description) for one model and phase."""
+def build(name: str, phase: str, device: str, batch: int | None = None):
+    """(callable, kwargs, description) for one model and phase (decode: at `batch` sequences, default 1)."""
     if phase == "decode":
-        step, desc = models.decode_step(name, device)
+        step, desc = models.decode_step(name, device, batch=batch)
         return step, {}, desc
     model, inputs, desc = models.make(name, device)
     return model, inputs, desc
@@ -57,7 +59,7 @@ def first_call(fn, kwargs, backend, mode: str, cpu: bool) -> tuple[float, Report
     return seconds, Report(list(records))
 
 
-def run(names, phases, modes, cpu: bool, log=print) -> list[dict]:
+def run(names, phases, modes, cpu: bool, log=print, batches=(None,), rounds: int = 1) -> list[dict]:
     device = "cpu" if cpu else "cuda"
     opts = {"cpu_reference": True} if cpu else {}
     rows = []
@@ -65,26 +67,37 @@ def run(names, phases, modes, cpu: bool, log=print) -> list[dict]:
         for phase in phases:
             if phase == "decode" and name not in DECODERS:
                 continue
-            fn, kwargs, desc = build(name, phase, device)
-            first_call(fn, kwargs, "inductor", "default", cpu)  # warm: Triton kernels, imports
-            for mode in modes:
-                if cpu and mode == "reduce-overhead":
-                    continue
-                ind_s, _ = first_call(fn, kwargs, "inductor", mode, cpu)
-                fk_s, rep = first_call(fn, kwargs, "fusekit" if not opts else fusekit_backend(options=opts),
-                                       mode, cpu)
-                nodes = sum(g.nodes_before for g in rep.graphs)
-                row = {"model": name, "phase": phase, "mode": mode, "what": desc["what"], "dtype": desc["dtype"],
-                       "batch": desc["batch"], "inductor_s": ind_s, "fusekit_s": fk_s, "ratio": fk_s / ind_s,
-                       "pass_s": rep.pass_s, "pass_share": rep.pass_s / fk_s, "graphs": len(rep.graphs),
-                       "nodes": nodes, "match_attempts": rep.match_attempts,
-                       "attempts_per_node": rep.match_attempts / max(nodes, 1),
-                       "sites": {k: v for k, v in sorted(rep.sites.items()) if v}}
-                rows.append(row)
-                log(f"  {name:8s} {phase:7s} {mode:15s} Inductor {ind_s:6.1f} s  fusekit {fk_s:6.1f} s "
-                    f"({row['ratio']:.2f}x)  pass {rep.pass_s:5.2f} s ({row['pass_share']:.1%})  "
-                    f"{rep.match_attempts:,} attempts / {nodes:,} nodes  sites {row['sites']}")
-            del fn, kwargs
+            for batch in (batches if phase == "decode" else (None,)):
+                rows += _one(name, phase, modes, cpu, opts, device, batch, rounds, log)
+    return rows
+
+
+def _one(name, phase, modes, cpu, opts, device, batch, rounds, log) -> list[dict]:
+    """Inductor and fusekit alternating, `rounds` times each (the median of each kept)."""
+    rows = []
+    fn, kwargs, desc = build(name, phase, device, batch)
+    first_call(fn, kwargs, "inductor", "default", cpu)  # warm: Triton kernels, imports
+    for mode in modes:
+        if cpu and mode == "reduce-overhead":
+            continue
+        ind, fk = [], []
+        for _ in range(rounds):
+            ind.append(first_call(fn, kwargs, "inductor", mode, cpu)[0])
+            s, rep = first_call(fn, kwargs, "fusekit" if not opts else fusekit_backend(options=opts), mode, cpu)
+            fk.append(s)
+        ind_s, fk_s = statistics.median(ind), statistics.median(fk)
+        nodes = sum(g.nodes_before for g in rep.graphs)
+        row = {"model": name, "phase": phase, "mode": mode, "what": desc["what"], "dtype": desc["dtype"],
+               "batch": desc["batch"], "inductor_s": ind_s, "fusekit_s": fk_s, "ratio": fk_s / ind_s,
+               "pass_s": rep.pass_s, "pass_share": rep.pass_s / fk_s, "graphs": len(rep.graphs),
+               "nodes": nodes, "match_attempts": rep.match_attempts,
+               "attempts_per_node": rep.match_attempts / max(nodes, 1),
+               "sites": {k: v for k, v in sorted(rep.sites.items()) if v}}
+        rows.append(row)
+        log(f"  {name:8s} {phase:7s} {mode:15s} Inductor {ind_s:6.1f} s  fusekit {fk_s:6.1f} s "
+            f"({row['ratio']:.2f}x)  pass {rep.pass_s:5.2f} s ({row['pass_share']:.1%})  "
+            f"{rep.match_attempts:,} attempts / {nodes:,} nodes  sites {row['sites']}")
+    del fn, kwargs
     return rows
 
 
@@ -128,6 +141,9 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="tiny configurations on CPU even with a GPU")
     ap.add_argument("--cold-patterns", action="store_true", help="empty fusekit's traced-pattern cache first")
     ap.add_argument("--out", default="out/compile")
+    ap.add_argument("--batches", default="", help="decode graphs: sequences per step, comma-separated (default: 1; "
+                    "the tiny configuration's on CPU)")
+    ap.add_argument("--rounds", type=int, default=1, help="Inductor / fusekit first calls alternating, median kept")
     a = ap.parse_args()
     cpu = a.cpu or not torch.cuda.is_available()
     if a.cold_patterns:
@@ -140,7 +156,8 @@ def main() -> None:
     names = a.models.split(",")
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)} {time.time() - t0:5.0f}s] {name}", flush=True)
-        rows += run([name], a.phases.split(","), a.modes.split(","), cpu, log=lambda s: print(s, flush=True))
+        rows += run([name], a.phases.split(","), a.modes.split(","), cpu, log=lambda s: print(s, flush=True),
+                    batches=[int(b) for b in a.batches.split(",")] if a.batches else [None], rounds=a.rounds)
         out = pathlib.Path(a.out)
         out.mkdir(parents=True, exist_ok=True)  # written after every model: a long run keeps what it has
         (out / "compile.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
