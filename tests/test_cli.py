@@ -44,7 +44,8 @@ def test_explain_named_model(capsys):
     assert cli.main(["explain", "--model", "llama", "--cpu"]) == 0
     out = capsys.readouterr().out
     assert "elementwise.silu_mul      2" in out or "elementwise.silu_mul" in out
-    assert "2 site(s) fused" in out
+    # silu_mul x2 and, at 64 rows (batch 2 x 32 tokens: within decode_gemm.qkv's 64), qkv x2
+    assert "4 site(s) fused" in out and "decode_gemm.qkv               2" in out
 
 
 @pytest.mark.slow
