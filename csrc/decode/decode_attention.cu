@@ -79,15 +79,6 @@ __device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
   }
 }
 
-// 16 bytes global -> shared without registers (sm_80+); pred false: zeros (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 // Four 8x8 b16 matrices from shared memory (lanes 8m..8m+7 give the row addresses of matrix m).
 template <bool Trans>
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {

@@ -35,12 +35,6 @@ constexpr int kSkCols = 16 * kSkWarps;  // output columns (weight rows) per CTA 
 constexpr int kSkMaxSplits = 8;         // the portable cluster size
 constexpr int kRedStride = kSkCols + 4;  // floats per row of the partial tile: the fragment stores hit 32 banks
 
-// 16 bytes global -> shared without registers; pred false: zeros (src must still be a valid address).
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool pred) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
-}
-
 // Elements per row of x's slice in shared memory: the slice rounded up to 64, plus 32, so rows g and g+1 of one
 // 16-byte-per-lane load are 64 bytes apart modulo 128 (no bank conflict within a quarter warp).
 __host__ __device__ constexpr int x_stride(int chunks_per_split) { return (chunks_per_split * kChunk + 63) / 64 * 64 + 32; }
@@ -70,9 +64,9 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
   for (int e = threadIdx.x; e < R * per_row; e += kSkWarps * 32) {
     const int r = e / per_row, c8 = e % per_row, kk = c_beg * kChunk + c8 * 8;
     const bool ok = r < p.m && kk < p.k;
-    cp_async16_zfill(xs + r * stride + c8 * 8, ok ? x + static_cast<int64_t>(r) * p.k + kk : x, ok);
+    cp_async16(xs + r * stride + c8 * 8, ok ? x + static_cast<int64_t>(r) * p.k + kk : x, ok);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp_async_commit();
 
   // this lane's weight rows: n0 + 16 warp + g and + 8, of each weight
   const T* wrow[NW][2];
@@ -113,7 +107,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
         }
     }
     if (!x_ready) {  // once, with the first weight loads in flight (every warp runs the same trips)
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      cp_async_wait<0>();
       __syncthreads();
       x_ready = true;
     }
@@ -132,7 +126,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
       }
     }
   }
-  if (!x_ready) asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // an empty split still waits for its copies
+  if (!x_ready) cp_async_wait<0>();  // an empty split still waits for its copies
   __syncthreads();  // every warp is done with xs
 
   // the partial tile, red[w][row][col] (row: x's row, col: the tile's column); C fragment: c0, c1 weight row g,
