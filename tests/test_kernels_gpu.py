@@ -4,7 +4,6 @@ Quantize outputs must equal eager CUDA bit for bit. Floating outputs follow the 
 the fused result is at most 2x as far from a float64 reference as eager in the same dtype (+ a tiny atol).
 """
 import contextlib
-import os
 import pytest
 import torch
 
@@ -530,14 +529,11 @@ def test_matmul_output_cast_and_tf32():
 
 @contextlib.contextmanager
 def _decode_gemm_kernel(choice: str):
-    """decode_linear / decode_qkv's kernel for the calls inside: "old" (decode_linear_kernel), "splitk" (the
-    split-K kernel where it fits, the default) or "splitk:S" (S splits of K)."""
-    before = os.environ.get("FUSEKIT_DECODE_GEMM")
-    os.environ["FUSEKIT_DECODE_GEMM"] = choice
-    try:
+    """decode_linear / decode_qkv's kernel for the calls inside (FUSEKIT_DECODE_GEMM, read at each launch): "old"
+    (decode_linear_kernel), "splitk" (the split-K kernel where it fits) or "splitk:S" (S splits of K)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSEKIT_DECODE_GEMM", choice)
         yield
-    finally:
-        os.environ.pop("FUSEKIT_DECODE_GEMM") if before is None else os.environ.__setitem__("FUSEKIT_DECODE_GEMM", before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -79,6 +79,28 @@ struct Params {
 template <typename V>
 __device__ __forceinline__ V part_of(const V (&a)[kMaxParts], int j) { return j == 0 ? a[0] : j == 1 ? a[1] : a[2]; }
 
+// The part (q, k or v) of column tile `tile` (blockIdx.x), and the tile's first column in it; `cols` per tile.
+template <int NW>
+__device__ __forceinline__ int tile_part(const Params& p, int tile, int cols, int& n0) {
+  int j = 0;
+  if constexpr (NW == 1) j = int(p.parts > 1 && tile >= p.tile_end[0]) + int(p.parts > 2 && tile >= p.tile_end[1]);
+  n0 = (tile - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * cols;
+  return j;
+}
+
+// Sets p.tile_end for tiles of `cols` columns; returns the tiles of all parts (the grid's x).
+inline int set_tile_ends(Params& p, int cols) {
+  int tiles = 0;
+  for (int i = 0; i < p.parts; ++i) p.tile_end[i] = tiles += (p.n[i] + cols - 1) / cols;
+  return tiles;
+}
+
+// SwiGLU's epilogue, rounded as eager: silu(gate) * up with both products, and silu's result, in T.
+template <typename T>
+__device__ __forceinline__ float silu_mul(float gate, float up) {
+  return round_to<T>(fast_silu(round_to<T>(gate))) * round_to<T>(up);
+}
+
 // CTA: 8 warps, 8 NB columns (blockIdx.x) of one part (or of both gated weights), 16*MT rows (blockIdx.y), all
 // of K. NB = 2 halves the column tiles, so x (read by every tile) is read half as often (launch_rows' wide).
 template <typename T, int MT, int NW, int NB>
@@ -87,11 +109,9 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
   constexpr int F = NB * MT * 4;                // accumulators per lane and weight
   extern __shared__ float red[];                // [kWarps][NW][F][32]: the warps' partial sums
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  int j = 0;  // the part this CTA's columns belong to
-  if constexpr (NW == 1) j = int(p.parts > 1 && int(blockIdx.x) >= p.tile_end[0]) +
-                             int(p.parts > 2 && int(blockIdx.x) >= p.tile_end[1]);
-  const int n0 = (int(blockIdx.x) - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * 8 * NB, m0 = blockIdx.y * 16 * MT;
-  const int n = part_of(p.n, j);
+  int n0;
+  const int j = tile_part<NW>(p, blockIdx.x, 8 * NB, n0);  // the part this CTA's columns belong to
+  const int m0 = blockIdx.y * 16 * MT, n = part_of(p.n, j);
   const T* wts[NW];
 #pragma unroll
   for (int w = 0; w < NW; ++w) wts[w] = static_cast<const T*>(NW == 1 ? part_of(p.w, j) : p.w[w]);
@@ -165,7 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
     }
     if (row < p.m && col < n) {
       float y = s[0];
-      if constexpr (NW == 2) y = round_to<T>(fast_silu(round_to<T>(s[0]))) * round_to<T>(s[1]);
+      if constexpr (NW == 2) y = silu_mul<T>(s[0], s[1]);
       if (bias != nullptr) y += to_float(bias[col]);  // one rounding, as cuBLAS's bias epilogue (addmm)
       out[static_cast<int64_t>(row) * n + col] = from_float<T>(y);
     }
@@ -174,9 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
 
 template <typename T, int MT, int NW, int NB>
 void launch(Params p, cudaStream_t stream) {
-  int tiles = 0;
-  for (int i = 0; i < p.parts; ++i) p.tile_end[i] = tiles += (p.n[i] + 8 * NB - 1) / (8 * NB);
-  const dim3 grid(tiles, (p.m + 16 * MT - 1) / (16 * MT));
+  const dim3 grid(set_tile_ends(p, 8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
   const size_t smem = sizeof(float) * kWarps * NW * NB * MT * 4 * 32;  // <= 32 KB
   decode_linear_kernel<T, MT, NW, NB><<<grid, kWarps * 32, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

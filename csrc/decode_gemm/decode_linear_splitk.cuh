@@ -43,6 +43,9 @@ __host__ __device__ constexpr int x_stride(int chunks_per_split) { return (chunk
 // XM: x row tiles of 8 (rows 8*XM >= m); NW as decode_linear_kernel's (2: gate and up, silu-mul epilogue).
 template <typename T, int XM, int NW>
 __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(const Params p, int chunks_per_split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // no clusters: never launched (splitk_built is false for such a build)
+#else
   constexpr int U = NW == 2 ? 4 : 8;  // chunks of 32 k in flight per warp
   constexpr int R = 8 * XM;           // x rows held (rows >= m are zeros)
   extern __shared__ __align__(16) unsigned char smem[];
@@ -50,10 +53,8 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
   const int stride = x_stride(chunks_per_split);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int split = blockIdx.y, splits = gridDim.y;
-  int j = 0;  // the part this CTA's columns belong to
-  if constexpr (NW == 1) j = int(p.parts > 1 && int(blockIdx.x) >= p.tile_end[0]) +
-                             int(p.parts > 2 && int(blockIdx.x) >= p.tile_end[1]);
-  const int n0 = (int(blockIdx.x) - (j == 0 ? 0 : part_of(p.tile_end, j - 1))) * kSkCols;
+  int n0;
+  const int j = tile_part<NW>(p, blockIdx.x, kSkCols, n0);  // the part this CTA's columns belong to
   const int n = part_of(p.n, j);
   const int chunks = (p.k + kChunk - 1) / kChunk;
   const int c_beg = split * chunks_per_split, c_end = min(chunks, c_beg + chunks_per_split);
@@ -143,13 +144,9 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
       r0[kRedStride + 8] = acc[w][i][3];
     }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
-#else
-  __syncthreads();  // built for an older GPU: launched with one split only (decode_linear_splitk_splits)
-#endif
 
   // this CTA's share of the tile: column pairs [split, R * 32) step splits, summed over the splits in rank order
   T* out = static_cast<T*>(part_of(p.out, j));
@@ -165,11 +162,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
 #pragma unroll
       for (int q = 0; q < kSkMaxSplits; ++q) {
         if (q >= splits) break;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         v[w][q] = *reinterpret_cast<const float2*>(cluster.map_shared_rank(mine, q));
-#else
-        v[w][q] = *reinterpret_cast<const float2*>(mine);
-#endif
       }
     }
     float2 s[NW];
@@ -183,16 +176,12 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
       }
     }
     float y0 = s[0].x, y1 = s[0].y;
-    if constexpr (NW == 2) {
-      y0 = round_to<T>(fast_silu(round_to<T>(s[0].x))) * round_to<T>(s[1].x);
-      y1 = round_to<T>(fast_silu(round_to<T>(s[0].y))) * round_to<T>(s[1].y);
-    }
+    if constexpr (NW == 2) y0 = silu_mul<T>(s[0].x, s[1].x), y1 = silu_mul<T>(s[0].y, s[1].y);
     if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
     T* o = out + static_cast<int64_t>(row) * n + n0 + col;
     o[0] = from_float<T>(y0);
     o[1] = from_float<T>(y1);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // no CTA leaves while another still reads its shared memory (the reads are done: no release needed)
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
@@ -237,8 +226,7 @@ bool splitk_built() {
 template <typename T, int XM, int NW>
 bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
   if (!splitk_built<T, XM, NW>()) return false;
-  int tiles = 0;
-  for (int i = 0; i < p.parts; ++i) p.tile_end[i] = tiles += (p.n[i] + kSkCols - 1) / kSkCols;
+  const int tiles = set_tile_ends(p, kSkCols);
   const int chunks = (p.k + kChunk - 1) / kChunk;
   int s = splits > 0 ? std::min(splits, kSkMaxSplits) : splitk_splits<T>(tiles, chunks, 8 * XM);
   if (s == 0) return false;

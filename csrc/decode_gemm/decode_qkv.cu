@@ -13,7 +13,8 @@
 // Why: at a decode step's few rows each projection is one pass over its weight, and cuBLAS takes one launch
 // per projection, each too small to fill an H100 (Llama-style k/v: 2 MB in 5.6 us, 13% of the copy
 // bandwidth). One launch with the three weights' column tiles side by side in its grid streams all of them
-// at once. The kernel is decode_linear's (decode_linear.cuh).
+// at once. The kernel is decode_linear's (decode_linear.cuh); at 33-64 rows the split-K one
+// (decode_linear_splitk.cuh, launch_decode_linear's selection).
 #include "decode_linear_splitk.cuh"
 
 namespace fusekit {
