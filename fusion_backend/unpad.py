@@ -1,7 +1,8 @@
 """Inductor's pad_mm, undone for matching and redone where nothing matched.
 
 On CUDA, pad_mm rewrites a misaligned fp16/bf16 ``(b)mm(a, b)`` as ``slice(bmm(pad(a), pad(b)))`` (zeros on
-the right, the product sliced back) wherever its on-device benchmark finds that faster: per matmul, per
+the right, the product sliced back; ``addmm(bias, a, b)`` likewise, rows included: a decode step's q/k/v with
+Qwen2's biases at 6 rows arrives as ``slice(addmm(bias, pad(x), w.T))``) wherever its on-device benchmark finds that faster: per matmul, per
 machine. A rule's chain then holds pads for some of its matmuls and not for others, in any combination. The
 pass therefore matches on the unpadded graph: ``strip`` turns every exact pad_mm rewrite back into the plain
 matmul (the same product: zero rows and columns added, then cut off), and ``restore`` puts the padding back
@@ -18,7 +19,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
-_MMS = (aten.bmm.default, aten.mm.default)
+_MMS = (aten.bmm.default, aten.mm.default, aten.addmm.default)
 _PAD, _SLICE = aten.constant_pad_nd.default, aten.slice.Tensor
 
 
@@ -47,16 +48,31 @@ def _pads(n: Any) -> tuple[Any, list[torch.fx.Node]]:
     return n, chain[::-1]
 
 
+def _first(target: Any) -> int:
+    """Where the two matmul operands start in the args: after addmm's input."""
+    return 1 if target is aten.addmm.default else 0
+
+
 def _same_shape(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def _broadcasts(shape: Any, want: Any) -> bool:
+    """`shape` (addmm's input) broadcasts to `want` (the unpadded product) as it is."""
+    if len(shape) > len(want):
+        return False
+    return all(statically_known_true(x == 1) or statically_known_true(x == y)
+               for x, y in zip(reversed(shape), reversed(want)))
 
 
 def strip(graph: torch.fx.Graph) -> list[Padded]:
     """Make every exact pad_mm rewrite in `graph` a plain matmul again; the records let `restore` undo it."""
     out = []
     for mm in [n for t in _MMS for n in graph.find_nodes(op="call_function", target=t)]:
-        (a, pads_a), (b, pads_b) = _pads(mm.args[0]), _pads(mm.args[1])
-        if not (pads_a or pads_b) or "val" not in getattr(a, "meta", {}) or "val" not in getattr(b, "meta", {}):
+        i = _first(mm.target)
+        (a, pads_a), (b, pads_b) = _pads(mm.args[i]), _pads(mm.args[i + 1])
+        extra = list(mm.args[:i])  # addmm's input: kept as it is (a padded one is not undone)
+        if not (pads_a or pads_b) or any("val" not in getattr(x, "meta", {}) for x in (a, b, *extra)):
             continue
         end, slices = mm, []
         while len(end.users) == 1 and (u := next(iter(end.users))).target is _SLICE and u.args[0] is end:
@@ -70,10 +86,12 @@ def strip(graph: torch.fx.Graph) -> list[Padded]:
         want = (*av.shape[:-1], bv.shape[-1])
         if not (_same_shape(end.meta["val"].shape, want) and statically_known_true(av.shape[-1] == bv.shape[-2])):
             continue  # not the unpadded product: leave it
+        if extra and not _broadcasts(extra[0].meta["val"].shape, want):
+            continue  # addmm's input padded with the product: leave it
         with graph.inserting_before(mm):
-            plain = graph.call_function(mm.target, (a, b))
+            plain = graph.call_function(mm.target, (*extra, a, b), dict(mm.kwargs))
         with detect_fake_mode([av, bv]) or contextlib.nullcontext():
-            val = mm.target(av, bv)
+            val = mm.target(*[x.meta["val"] for x in extra], av, bv, **mm.kwargs)
         plain.meta = {**{k: v for k, v in mm.meta.items() if k != "tensor_meta"}, "val": val}
         rec = Padded(plain, mm.target, ([(p.args[1:], dict(p.meta)) for p in pads_a],
                                         [(p.args[1:], dict(p.meta)) for p in pads_b]),
@@ -88,20 +106,20 @@ def strip(graph: torch.fx.Graph) -> list[Padded]:
 
 def restore(graph: torch.fx.Graph, records: list[Padded]) -> int:
     """Pad again each stripped matmul that is still in `graph` (no rule took it); returns how many."""
-    alive = set(graph.find_nodes(op="call_function", target=aten.bmm.default)) | \
-        set(graph.find_nodes(op="call_function", target=aten.mm.default))
+    alive = {n for t in _MMS for n in graph.find_nodes(op="call_function", target=t)}
     n_restored = 0
     for r in records:
         if r.plain not in alive:
             continue
+        i = _first(r.target)
         with graph.inserting_before(r.plain):
-            operands = []
-            for x, pads in zip(r.plain.args[:2], r.operands):
+            operands = list(r.plain.args[:i])
+            for x, pads in zip(r.plain.args[i:i + 2], r.operands):
                 for args, meta in pads:
                     x = graph.call_function(_PAD, (x, *args))
                     x.meta = meta
                 operands.append(x)
-            y = graph.call_function(r.target, tuple(operands))
+            y = graph.call_function(r.target, tuple(operands), dict(r.plain.kwargs))
             y.meta = r.mm_meta
             for args, meta in r.slices:
                 y = graph.call_function(_SLICE, (y, *args))
