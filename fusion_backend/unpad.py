@@ -2,11 +2,12 @@
 
 On CUDA, pad_mm rewrites a misaligned fp16/bf16 ``(b)mm(a, b)`` as ``slice(bmm(pad(a), pad(b)))`` (zeros on
 the right, the product sliced back; ``addmm(bias, a, b)`` likewise, rows included: a decode step's q/k/v with
-Qwen2's biases at 6 rows arrives as ``slice(addmm(bias, pad(x), w.T))``) wherever its on-device benchmark finds that faster: per matmul, per
-machine. A rule's chain then holds pads for some of its matmuls and not for others, in any combination. The
-pass therefore matches on the unpadded graph: ``strip`` turns every exact pad_mm rewrite back into the plain
-matmul (the same product: zero rows and columns added, then cut off), and ``restore`` puts the padding back
-around each of those matmuls that no rule took, so Inductor keeps what its benchmark chose.
+Qwen2's biases at 6 rows arrives as ``slice(addmm(bias, pad(x), w.T))``) wherever its on-device benchmark finds
+that faster: per matmul, per machine, so it varies from run to run. A rule's chain then holds pads for some of
+its matmuls and not for others, in any combination. The pass therefore matches on the unpadded graph: ``strip``
+turns every exact pad_mm rewrite back into the plain matmul (the same product: zero rows and columns added, then
+cut off), and ``restore`` puts the padding back around each of those matmuls that no rule took, so Inductor
+keeps what its benchmark chose.
 """
 from __future__ import annotations
 
