@@ -52,6 +52,13 @@ def test_strip_leaves_what_is_not_the_unpadded_product():
         assert unpad.strip(gm.graph) == [], gm.code
 
 
+def _call(graph, target, *args):
+    """A node of `graph` calling `target`, its "val" computed from its inputs' as pad_mm's rewrite would have it."""
+    n = graph.call_function(target, args)
+    n.meta["val"] = target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args))
+    return n
+
+
 def _pad_mms(gm, which):
     """pad_mm's rewrite applied to the `which`-th bmms of `gm` (in graph order), dims padded to multiples of 8."""
     bmms = gm.graph.find_nodes(op="call_function", target=aten.bmm.default)
@@ -61,17 +68,11 @@ def _pad_mms(gm, which):
         (_, m, k), n = a.meta["val"].shape, b.meta["val"].shape[-1]
         pm_, pk, pn = (-m) % 8, (-k) % 8 or 8, (-n) % 8
         with gm.graph.inserting_before(mm):
-            pa = gm.graph.call_function(aten.constant_pad_nd.default, (a, [0, pk, 0, pm_]))
-            pb = gm.graph.call_function(aten.constant_pad_nd.default, (b, [0, pn, 0, pk]))
-            pa.meta["val"] = aten.constant_pad_nd.default(a.meta["val"], [0, pk, 0, pm_])
-            pb.meta["val"] = aten.constant_pad_nd.default(b.meta["val"], [0, pn, 0, pk])
-            big = gm.graph.call_function(aten.bmm.default, (pa, pb))
-            big.meta["val"] = aten.bmm.default(pa.meta["val"], pb.meta["val"])
-            s1 = gm.graph.call_function(aten.slice.Tensor, (big, 1, 0, m))
-            s1.meta["val"] = big.meta["val"][:, :m]
-            s2 = gm.graph.call_function(aten.slice.Tensor, (s1, 2, 0, n))
-            s2.meta["val"] = s1.meta["val"][:, :, :n]
-        mm.replace_all_uses_with(s2)
+            pa = _call(gm.graph, aten.constant_pad_nd.default, a, [0, pk, 0, pm_])
+            pb = _call(gm.graph, aten.constant_pad_nd.default, b, [0, pn, 0, pk])
+            big = _call(gm.graph, aten.bmm.default, pa, pb)
+            cut = _call(gm.graph, aten.slice.Tensor, _call(gm.graph, aten.slice.Tensor, big, 1, 0, m), 2, 0, n)
+        mm.replace_all_uses_with(cut)
         gm.graph.erase_node(mm)
     gm.recompile()
     return gm
@@ -118,12 +119,9 @@ def _pad_addmm_rows(gm, which):
         bias, a, b = mm.args
         pm_ = (-a.meta["val"].shape[0]) % 8
         with gm.graph.inserting_before(mm):
-            pa = gm.graph.call_function(aten.constant_pad_nd.default, (a, [0, 0, 0, pm_]))
-            pa.meta["val"] = aten.constant_pad_nd.default(a.meta["val"], [0, 0, 0, pm_])
-            big = gm.graph.call_function(aten.addmm.default, (bias, pa, b))
-            big.meta["val"] = aten.addmm.default(bias.meta["val"], pa.meta["val"], b.meta["val"])
-            cut = gm.graph.call_function(aten.slice.Tensor, (big, 0, 0, -pm_))
-            cut.meta["val"] = big.meta["val"][:-pm_]
+            pa = _call(gm.graph, aten.constant_pad_nd.default, a, [0, 0, 0, pm_])
+            big = _call(gm.graph, aten.addmm.default, bias, pa, b)
+            cut = _call(gm.graph, aten.slice.Tensor, big, 0, 0, -pm_)
         mm.replace_all_uses_with(cut)
         gm.graph.erase_node(mm)
     gm.recompile()
