@@ -21,6 +21,8 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -141,6 +143,65 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Programmatic dependent launch (PDL, sm_90+). A kernel launched by launch_ex with pdl set may start while
+// the kernel before it on the stream is still running (its launch, and what it does before pdl_wait, overlap
+// that kernel's tail; Inductor's Triton kernels do the same under triton.enable_pdl). So it calls pdl_wait()
+// before any global access an earlier kernel could conflict with (a load of an input, any store: even an
+// output buffer may be memory the kernel before still reads), and pdl_trigger() where the next kernel may
+// start early (that kernel's own pdl_wait still waits for this one to finish). A prefetch into L2 changes no
+// value a load returns, so it may come before the wait. No-ops where compiled for an older arch; launch_ex
+// then launches without PDL (pdl_allowed checks the kernel's binary).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+// Whether a kernel whose binary is `binary_version` (cudaFuncAttributes) may be launched with PDL now: built for
+// sm_90+ (its pdl_wait is real), and FUSEKIT_PDL is not "0" (read at each launch: a CUDA graph keeps what its
+// capture saw).
+inline bool pdl_allowed(int binary_version) {
+  if (binary_version < 90) return false;
+  const char* e = std::getenv("FUSEKIT_PDL");
+  return e == nullptr || e[0] != '0';
+}
+
+template <typename K>
+int binary_version(K* kernel) {
+  cudaFuncAttributes a{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+  return a.binaryVersion;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where `pdl`, as a cluster of (1, cluster_y, 1) CTAs
+// where cluster_y > 0.
+template <typename... P, typename... A>
+void launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+               unsigned cluster_y, A&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_y > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1, attr[n].val.clusterDim.y = cluster_y, attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr, cfg.numAttrs = n;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
 
 // c += a (16x16, row-major) * b (16x8, col-major) on tensor cores (sm_80+), float32 accumulation; T is
 // __nv_bfloat16 or __half. a0..a3, b0, b1: the PTX fragment registers (two elements each).

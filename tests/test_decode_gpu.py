@@ -132,6 +132,63 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
         torch.testing.assert_close(replayed, op(q, k, v, keep, 0.0883), atol=0, rtol=0)
 
 
+def _graph_of(fn):
+    """(CUDA graph of fn, its output), warmed up off the default stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])
+def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
+    """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (fusekit.h: they may start
+    while the kernel before them finishes, and wait before reading). Here that kernel is a long reduction that
+    writes the op's input last; in a CUDA graph replayed on new data, the op must read the new input: its output
+    equals a direct call's on that input, and the graph captured without PDL (FUSEKIT_PDL=0), bit for bit."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+    if which == "decode_attention":
+        q, k, v = _qkv(32, 16, 4, 1, 4096, 128, dt)
+        keep = _mask("causal", 32, 1, 4096, 1024)
+        x = q.contiguous()
+        op_fn = lambda t: op(t, k, v, keep, 0.0883)  # noqa: E731
+    else:
+        x = torch.empty(32, 2048, device="cuda", dtype=dt)
+        w = [torch.randn(n, 2048, device="cuda", dtype=dt, generator=g) / 45 for n in (2048, 512, 512)]
+        if which == "decode_linear":
+            op_fn = lambda t: torch.ops.fusekit.decode_linear(t, w[0], None, "none")  # noqa: E731
+        else:
+            op_fn = lambda t: torch.ops.fusekit.decode_qkv(t, w[0], w[1], w[2], None, None, None)  # noqa: E731
+    src = torch.empty(512, *x.shape, device="cuda", dtype=dt)
+
+    def step():
+        torch.sum(src, dim=0, out=x)  # one kernel, 64 MB read before x is written
+        return op_fn(x)
+
+    graphs = {}
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("FUSEKIT_PDL", pdl)  # read at each launch, so at the capture
+        src.normal_(0, 0.02, generator=g)
+        graphs[pdl] = _graph_of(step)
+    monkeypatch.delenv("FUSEKIT_PDL")
+    for _ in range(3):
+        src.normal_(0, 0.02, generator=g)
+        outs = []
+        for graph, out in graphs.values():
+            graph.replay()
+            outs.append([t.clone() for t in (out if isinstance(out, (tuple, list)) else [out])])
+        want = op_fn(torch.sum(src, dim=0))
+        for got in outs:
+            for a, b in zip(got, want if isinstance(want, (tuple, list)) else [want]):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_bad_direct_calls_raise():
     q, k, v = _qkv(2, 8, 2, 1, 64, 64, torch.float16)
     bad = {

@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   __shared__ int s_src[RT];
   __shared__ int s_vis[kMaxChunk / kBlockN];
 
+  pdl_wait();  // q, the cache and the mask: written by the kernels before
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int z = blockIdx.x % p.zchunks;
   const int bh = blockIdx.x / p.zchunks;
@@ -345,6 +346,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     }
     __syncthreads();
   }
+  pdl_trigger();  // every load issued: the combine may launch
   cp_async_wait<0>();
   __syncthreads();  // s_m, s_l
 
@@ -390,6 +392,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   constexpr int kUnroll = 32;
   __shared__ float s_red[D / 32], s_w[D], s_l[D];
   __shared__ int s_idx[D], s_cnt[D / 32];
+  pdl_wait();  // the main kernel's partial results
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const float2* ml = p.part_ml + row;  // split s at ml[s * rows_total]
@@ -442,6 +445,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
       }
     }
   }
+  pdl_trigger();
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
   static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
 }
@@ -499,6 +503,7 @@ __device__ void recompute_row(const Params& p, int64_t row) {
 // One split only: the main kernel flagged the hidden rows; one CTA per row, other rows return at once.
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32) hidden_rows(const Params p) {
+  pdl_wait();
   if (!p.hidden[blockIdx.x]) return;
   recompute_row<T, D, kWarps>(p, blockIdx.x);
 }
@@ -538,16 +543,15 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
     return true;
   }();
   (void)sized;
+  // Each kernel with PDL (fusekit.h): its launch overlaps the end of the kernel before it
+  static const int version = binary_version(decode_attention_kernel<T, D, RT>);
+  const bool pdl = pdl_allowed(version);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  decode_attention_kernel<T, D, RT><<<dim3(blocks_x, p.splits, 1), kWarps * 32, smem_for(p.chunk), stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (p.splits > 1) {
-    combine_splits<T, D><<<p.rows_total, D, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
+            pdl, 0, p);
+  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(D), 0, stream, pdl, 0, p);
   if (p.hidden) {  // one split: no combine to recompute the hidden rows in
-    hidden_rows<T, D><<<p.rows_total, kWarps * 32, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
   }
 }
 

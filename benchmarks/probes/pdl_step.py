@@ -1,0 +1,89 @@
+"""Programmatic dependent launch (PDL) in a decode step (issue #23): the Llama-style step replayed as a CUDA graph,
+Inductor and fusekit, with fusekit's kernels launched with PDL or without (FUSEKIT_PDL, read at each launch, so
+both graphs are captured in one process and their logits compared bit for bit: the kernels are deterministic, so
+any difference would be a race). Inductor's own PDL for its Triton kernels is read at import
+(TORCHINDUCTOR_ENABLE_PDL): run the probe once per setting.
+
+    TORCHINDUCTOR_ENABLE_PDL=0 python benchmarks/probes/pdl_step.py --batches 32,1 --position 1024
+"""
+import argparse
+import os
+import statistics
+
+import torch
+from triton.testing import do_bench
+
+from fusion_backend.backend import backend as fusekit_backend
+from fusion_backend.tools.decode_bench import Step
+
+
+def capture(step):
+    """(graph, its output) of one step, warmed up off the default stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    return g, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama")
+    ap.add_argument("--batches", default="32,1")
+    ap.add_argument("--position", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    ind_pdl = torch._inductor.config.triton.enable_pdl
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; Inductor triton.enable_pdl={ind_pdl}", flush=True)
+    rows = []
+    with torch.no_grad():
+        for b in map(int, a.batches.split(",")):
+            torch._dynamo.reset()
+            st = Step(a.model, "cuda", b, 4096)
+            st.at(a.position)
+            fns = {"inductor": torch.compile(st.model), "fusekit": torch.compile(st.model, backend=fusekit_backend())}
+            for fn in fns.values():
+                st.restore()
+                st(fn)
+            graphs = {}
+            for name, fn, pdl in (("inductor", fns["inductor"], "1"), ("fusekit kernels without PDL", fns["fusekit"], "0"),
+                                  ("fusekit kernels with PDL", fns["fusekit"], "1")):
+                os.environ["FUSEKIT_PDL"] = pdl  # read by fusekit's launches during the capture
+                st.restore()
+                graphs[name] = capture(st.repeated(fn))
+            os.environ.pop("FUSEKIT_PDL")
+            outs = {}
+            for name, (g, out) in graphs.items():  # each from the same cache state
+                st.restore()
+                st.at(a.position)
+                g.replay()
+                outs[name] = out.float().clone()
+                st.restore()
+                st.at(a.position)
+                g.replay()
+                assert torch.equal(outs[name], out.float()), f"{name}: two replays differ"
+            same = torch.equal(outs["fusekit kernels without PDL"], outs["fusekit kernels with PDL"])
+            diff = (outs["fusekit kernels with PDL"] - outs["inductor"]).abs().max().item()
+            print(f"b{b}: fusekit logits with PDL == without: {same}; max |fusekit - inductor| {diff:.3g}", flush=True)
+            times = {k: [] for k in graphs}
+            for _ in range(a.rounds):
+                for name, (g, _) in graphs.items():
+                    times[name].append(do_bench(g.replay, warmup=25, rep=200, return_mode="median"))
+            for name, ts in times.items():
+                rows.append((b, name, statistics.median(ts), min(ts), max(ts), same))
+            del graphs, fns, st
+            torch.cuda.empty_cache()
+    print(f"\n| batch | Inductor PDL | step | ms (median of {a.rounds} rounds) | min | max |")
+    print("|---|---|---|---|---|---|")
+    for b, name, med, lo, hi, _ in rows:
+        print(f"| {b} | {'on' if ind_pdl else 'off'} | {name} | {med:.4f} | {lo:.4f} | {hi:.4f} |")
+    assert all(r[5] for r in rows), "fusekit's logits differ with PDL"
+
+
+if __name__ == "__main__":
+    main()
