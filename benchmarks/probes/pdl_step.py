@@ -38,7 +38,7 @@ def main():
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    ind_pdl = torch._inductor.config.triton.enable_pdl
+    ind_pdl = getattr(torch._inductor.config.triton, "enable_pdl", None)  # (absent: this torch has no Inductor PDL)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; Inductor triton.enable_pdl={ind_pdl}", flush=True)
     rows = []
     with torch.no_grad():
