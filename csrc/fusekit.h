@@ -22,6 +22,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 #include <optional>
 #include <string>
@@ -165,12 +166,14 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 // Whether a kernel whose binary is `binary_version` (cudaFuncAttributes) may be launched with PDL now: built for
-// sm_90+ (its pdl_wait is real), and FUSEKIT_PDL is not "0" (read at each launch: a CUDA graph keeps what its
-// capture saw).
-inline bool pdl_allowed(int binary_version) {
+// sm_90+ (its pdl_wait is real), and FUSEKIT_PDL allows it (read at each launch: a CUDA graph keeps what its
+// capture saw): unset or "1": every part; "0": none; else the parts whose letter it holds: 'a' the attention
+// kernels, 'g' the decode GEMMs, 'p' their weight prefetch (A/B runs).
+inline bool pdl_allowed(int binary_version, char part) {
   if (binary_version < 90) return false;
   const char* e = std::getenv("FUSEKIT_PDL");
-  return e == nullptr || e[0] != '0';
+  if (e == nullptr || std::strcmp(e, "1") == 0) return true;
+  return std::strchr(e, part) != nullptr;
 }
 
 template <typename K>

@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="0,1", help="FUSEKIT_PDL values, one graph each (fusekit.h: 0 none, 1 all, "
+                    "else the parts' letters: a attention, g GEMMs, p their prefetch)")
     a = ap.parse_args()
     ind_pdl = getattr(torch._inductor.config.triton, "enable_pdl", None)  # (absent: this torch has no Inductor PDL)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; Inductor triton.enable_pdl={ind_pdl}", flush=True)
@@ -51,8 +53,9 @@ def main():
                 st.restore()
                 st(fn)
             graphs = {}
-            for name, fn, pdl in (("inductor", fns["inductor"], "1"), ("fusekit kernels without PDL", fns["fusekit"], "0"),
-                                  ("fusekit kernels with PDL", fns["fusekit"], "1")):
+            variants = [("inductor", fns["inductor"], "1")]
+            variants += [(f"fusekit, FUSEKIT_PDL={v}", fns["fusekit"], v) for v in a.variants.split(",")]
+            for name, fn, pdl in variants:
                 os.environ["FUSEKIT_PDL"] = pdl  # read by fusekit's launches during the capture
                 st.restore()
                 graphs[name] = capture(st.repeated(fn))
@@ -66,9 +69,10 @@ def main():
                     g.replay()
                     got.append(out.float().clone())
                 outs[name], noise[name] = got[0], (got[0] - got[1]).abs().max().item()
-            pdl_diff = (outs["fusekit kernels without PDL"] - outs["fusekit kernels with PDL"]).abs().max().item()
-            diff = (outs["fusekit kernels with PDL"] - outs["inductor"]).abs().max().item()
-            print(f"b{b}: max |replay 1 - replay 2| {noise}; max |fusekit with PDL - without| {pdl_diff:.3g}; "
+            fk = [k for k in outs if k != "inductor"]
+            pdl_diff = max((outs[k] - outs[fk[0]]).abs().max().item() for k in fk)
+            diff = (outs[fk[-1]] - outs["inductor"]).abs().max().item()
+            print(f"b{b}: max |replay 1 - replay 2| {noise}; max |fusekit variant - {fk[0]}| {pdl_diff:.3g}; "
                   f"max |fusekit - inductor| {diff:.3g}", flush=True)
             same = pdl_diff <= max(noise.values()) or pdl_diff == 0
             times = {k: [] for k in graphs}

@@ -545,7 +545,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   (void)sized;
   // Each kernel with PDL (fusekit.h): its launch overlaps the end of the kernel before it
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
-  const bool pdl = pdl_allowed(version);
+  const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
             pdl, 0, p);

@@ -220,8 +220,9 @@ void launch(Params p, cudaStream_t stream) {
   const dim3 grid(set_tile_ends(p, 8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
   const size_t smem = sizeof(float) * kWarps * NW * NB * MT * 4 * 32;  // <= 32 KB
   static const int version = binary_version(decode_linear_kernel<T, MT, NW, NB>);
-  p.prefetch = pdl_allowed(version);
-  launch_ex(decode_linear_kernel<T, MT, NW, NB>, grid, dim3(kWarps * 32), smem, stream, p.prefetch, 0, p);
+  const bool pdl = pdl_allowed(version, 'g');
+  p.prefetch = pdl && pdl_allowed(version, 'p');
+  launch_ex(decode_linear_kernel<T, MT, NW, NB>, grid, dim3(kWarps * 32), smem, stream, pdl, 0, p);
 }
 
 // p.n and p.parts set; the column tiles are counted here. wide (decode_qkv): 16 columns per CTA at 17-32 rows,

@@ -250,9 +250,9 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSkSmemBudget)));
     opted_in[dev] = true;
   }
-  p.prefetch = pdl_allowed(90);  // (splitk_built: an sm_90 binary)
-  launch_ex(decode_linear_splitk_kernel<T, XM, NW>, dim3(tiles, s), dim3(kSkWarps * 32), smem, stream, p.prefetch,
-            s, p, per);
+  const bool pdl = pdl_allowed(90, 'g');  // (splitk_built: an sm_90 binary)
+  p.prefetch = pdl && pdl_allowed(90, 'p');
+  launch_ex(decode_linear_splitk_kernel<T, XM, NW>, dim3(tiles, s), dim3(kSkWarps * 32), smem, stream, pdl, s, p, per);
   return true;
 }
 
