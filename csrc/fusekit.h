@@ -150,9 +150,11 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // that kernel's tail; Inductor's Triton kernels do the same under triton.enable_pdl). So it calls pdl_wait()
 // before any global access an earlier kernel could conflict with (a load of an input, any store: even an
 // output buffer may be memory the kernel before still reads), and pdl_trigger() where the next kernel may
-// start early (that kernel's own pdl_wait still waits for this one to finish). A prefetch into L2 changes no
-// value a load returns, so it may come before the wait. No-ops where compiled for an older arch; launch_ex
-// then launches without PDL (pdl_allowed checks the kernel's binary).
+// start early (that kernel's own pdl_wait still waits for this one to finish). No-ops where compiled for an
+// older arch, and such a kernel is launched without PDL (pdl_allowed checks its binary). Measured on an H100
+// (benchmarks/NOTES.md, Llama-style decode step in a CUDA graph, Inductor's PDL on): attention and decode GEMMs
+// with PDL b1 0.611 -> 0.598 ms, b32 0.898 -> 0.896; prefetching the GEMMs' weights into L2 before the wait
+// was slower (b1 0.637 ms) and is not done.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -163,12 +165,11 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 // Whether a kernel whose binary is `binary_version` (cudaFuncAttributes) may be launched with PDL now: built for
 // sm_90+ (its pdl_wait is real), and FUSEKIT_PDL allows it (read at each launch: a CUDA graph keeps what its
-// capture saw): unset or "1": every part; "0": none; else the parts whose letter it holds: 'a' the attention
-// kernels, 'g' the decode GEMMs, 'p' their weight prefetch (A/B runs).
+// capture saw): unset or "1": every part; "0": none; else the parts whose letter it holds (A/B runs): 'a' the
+// attention kernels, 'g' the decode GEMMs.
 inline bool pdl_allowed(int binary_version, char part) {
   if (binary_version < 90) return false;
   const char* e = std::getenv("FUSEKIT_PDL");

@@ -236,3 +236,33 @@ def test_kernels_load_before_inductor_for_cuda_graphs(monkeypatch):
     events.clear()
     fusekit(gm, [torch.randn(4), torch.randn(4)])
     assert events == ["compile"], events
+
+
+@pytest.mark.parametrize("capability, options, want", [((9, 0), None, True), ((8, 0), None, None),
+                                                       ((9, 0), {"triton.enable_pdl": False}, False)])
+def test_inductor_pdl_on_for_hopper_unless_asked_off(monkeypatch, capability, options, want):
+    """On sm_90+ the backend asks Inductor for programmatic dependent launch of its Triton kernels (fusekit's own
+    decode kernels use it too); not before sm_90, and never against the user's own setting. Checked with fake
+    CUDA inputs, the device's capability stubbed and compile_fx stubbed out."""
+    from torch._inductor import compile_fx as cfx
+    from torch._inductor import config as inductor_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusion_backend import _ext
+    from fusion_backend.backend import fusekit
+
+    if not hasattr(inductor_config.triton, "enable_pdl"):
+        pytest.skip("this torch's Inductor has no triton.enable_pdl")
+    seen = {}
+    monkeypatch.setattr(_ext, "load_for_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, inputs, config_patches=None: seen.update(config_patches) or gm)
+    gm = torch.fx.symbolic_trace(f_exp)
+    with FakeTensorMode():
+        cuda_inputs = [torch.empty(4, device="cuda"), torch.empty(4, device="cuda")]
+    fusekit(gm, cuda_inputs, options=options)
+    assert seen.get("triton.enable_pdl") == want, seen
+    seen.clear()
+    fusekit(gm, [torch.randn(4), torch.randn(4)])  # CPU inputs: Inductor's default
+    assert "triton.enable_pdl" not in seen, seen

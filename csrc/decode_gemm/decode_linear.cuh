@@ -72,25 +72,7 @@ struct Params {
   int tile_end[kMaxParts];
   int parts;
   int m, k;
-  int prefetch;  // launched with PDL: each CTA prefetches its weight rows into L2 before pdl_wait
 };
-
-// Before pdl_wait: `rows` weight rows from `w` (k elements each, rows past n skipped; row r of weight i at
-// w(i) + r * k) into L2, one 128-byte line per thread and step (the row's last byte too: a row need not start
-// on a line). A prefetch returns nothing, so the weights need not be final yet.
-template <typename T, typename W>
-__device__ __forceinline__ void prefetch_rows(W w, int nw, int row0, int rows, int n, int64_t k0, int64_t k1,
-                                              int64_t k, int threads) {
-  const int64_t bytes = (k1 - k0) * static_cast<int64_t>(sizeof(T));
-  if (bytes <= 0) return;
-  const int lines = static_cast<int>((bytes + 127) / 128) + 1;
-  for (int e = threadIdx.x; e < nw * rows * lines; e += threads) {
-    const int i = e / (rows * lines), r = e / lines % rows, l = e % lines;
-    if (row0 + r >= n) continue;
-    const char* row = reinterpret_cast<const char*>(w(i) + (row0 + r) * k + k0);
-    prefetch_l2(row + min(static_cast<int64_t>(l) * 128, bytes - 1));
-  }
-}
 
 // Its part's index, selected with constant indices (a run-time index into the parameters would go through
 // local memory).
@@ -135,10 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
   for (int w = 0; w < NW; ++w) wts[w] = static_cast<const T*>(NW == 1 ? part_of(p.w, j) : p.w[w]);
   const int chunks = (p.k + kChunk - 1) / kChunk;
   const T* x = static_cast<const T*>(p.x);
-  if (p.prefetch && blockIdx.y == 0) {  // the column tile's weights, all of K, while the kernel before finishes
-    prefetch_rows<T>([&](int i) { return i == 0 ? wts[0] : wts[NW - 1]; }, NW, n0, 8 * NB, n, 0, p.k, p.k, kWarps * 32);
-  }
-  pdl_wait();  // x, and the output: the kernels before
+  pdl_wait();  // x, and the output: the kernels before (PDL)
 
   float acc[NW][NB * MT][4];  // [w][nb * MT + i]
 #pragma unroll
@@ -220,9 +199,7 @@ void launch(Params p, cudaStream_t stream) {
   const dim3 grid(set_tile_ends(p, 8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
   const size_t smem = sizeof(float) * kWarps * NW * NB * MT * 4 * 32;  // <= 32 KB
   static const int version = binary_version(decode_linear_kernel<T, MT, NW, NB>);
-  const bool pdl = pdl_allowed(version, 'g');
-  p.prefetch = pdl && pdl_allowed(version, 'p');
-  launch_ex(decode_linear_kernel<T, MT, NW, NB>, grid, dim3(kWarps * 32), smem, stream, pdl, 0, p);
+  launch_ex(decode_linear_kernel<T, MT, NW, NB>, grid, dim3(kWarps * 32), smem, stream, pdl_allowed(version, 'g'), 0, p);
 }
 
 // p.n and p.parts set; the column tiles are counted here. wide (decode_qkv): 16 columns per CTA at 17-32 rows,

@@ -59,14 +59,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
   const int chunks = (p.k + kChunk - 1) / kChunk;
   const int c_beg = split * chunks_per_split, c_end = min(chunks, c_beg + chunks_per_split);
   const T* x = static_cast<const T*>(p.x);
-  if (p.prefetch) {  // this split's slice of the tile's weights, while the kernel before finishes
-    const T* base[NW];
-#pragma unroll
-    for (int w = 0; w < NW; ++w) base[w] = static_cast<const T*>(NW == 1 ? part_of(p.w, j) : p.w[w]);
-    prefetch_rows<T>([&](int i) { return i == 0 ? base[0] : base[NW - 1]; }, NW, n0, kSkCols, n,
-                     int64_t{c_beg} * kChunk, min(int64_t{c_end} * kChunk, int64_t{p.k}), p.k, kSkWarps * 32);
-  }
-  pdl_wait();  // x, and the output: the kernels before
+  pdl_wait();  // x, and the output: the kernels before (PDL)
 
   // x's slice: rows [0, R) (zeros past m), k [c_beg * 32, c_end * 32) (zeros past K)
   const int per_row = (c_end - c_beg) * (kChunk / 8);
@@ -250,9 +243,8 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSkSmemBudget)));
     opted_in[dev] = true;
   }
-  const bool pdl = pdl_allowed(90, 'g');  // (splitk_built: an sm_90 binary)
-  p.prefetch = pdl && pdl_allowed(90, 'p');
-  launch_ex(decode_linear_splitk_kernel<T, XM, NW>, dim3(tiles, s), dim3(kSkWarps * 32), smem, stream, pdl, s, p, per);
+  launch_ex(decode_linear_splitk_kernel<T, XM, NW>, dim3(tiles, s), dim3(kSkWarps * 32), smem, stream,
+            pdl_allowed(90, 'g'), s, p, per);  // (splitk_built: an sm_90 binary)
   return true;
 }
 
