@@ -23,10 +23,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #define FK_CHECK_CUDA(t) TORCH_CHECK((t).is_cuda(), "fusekit: " #t " must be a CUDA tensor, got ", fusekit::describe(t))
 #define FK_CHECK_CONTIGUOUS(t) TORCH_CHECK((t).is_contiguous(), "fusekit: " #t " must be contiguous")

@@ -12,7 +12,8 @@
 // (mma.sync m16n8k16) do the products: each lane loads 8 consecutive k of one weight row and of its
 // activation rows, and both operands take the same permutation of k inside a chunk (see mma_chunk), so no
 // shuffle or shared-memory staging is needed. Weights are streamed past L1 (no_allocate); x, read by every
-// column tile, stays in L1/L2. Runs on the current stream, no workspace.
+// column tile, stays in L1/L2. Runs on the current stream, no workspace; on sm_90+ launched with programmatic
+// dependent launch (fusekit.h).
 //
 // Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor's silu-mul for
 // gate/up at 1-8 rows (1.04-1.13x); slower than cuBLAS for every plain linear (0.43-0.98x), so that rule is
