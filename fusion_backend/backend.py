@@ -9,6 +9,7 @@ torch.compile refuses ``mode`` and ``options`` together, so fusekit also takes `
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Mapping
 
@@ -73,11 +74,12 @@ def fusekit(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | 
         _ext.load_for_device()
     fk, patches = split_options(mode, options)
     if "triton.enable_pdl" not in patches and _hopper_or_newer(example_inputs):
-        # Inductor's Triton kernels launched with programmatic dependent launch, as fusekit's decode kernels are:
-        # each overlaps its launch with the end of the kernel before. Measured on an H100 (benchmarks/NOTES.md):
-        # Llama-style decode step in a CUDA graph b1 0.631 -> 0.598 ms, b32 0.917 -> 0.896. Off: options=
-        # {"triton.enable_pdl": False}.
-        patches["triton.enable_pdl"] = True
+        # Inductor's Triton kernels launched with programmatic dependent launch, as fusekit's decode kernels are,
+        # in graphs where a decode attention rule fires: the pass turns it on (passes.wants_inductor_pdl says why
+        # only there); the patch holds the key so that it goes back after the compile. The user's own setting
+        # (options={"triton.enable_pdl": ...}) is left alone.
+        patches["triton.enable_pdl"] = False
+        fk = dataclasses.replace(fk, inductor_pdl=True)
     user_post = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = FusekitPass(fk, user_post)
     return compile_fx(gm, example_inputs, config_patches=patches)

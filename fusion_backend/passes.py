@@ -17,9 +17,10 @@ import logging
 import operator
 import pathlib
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import torch
+from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _ext, guards, matcher, registry, table, unpad
@@ -37,6 +38,7 @@ class FusekitOptions:
     cpu_reference: bool = False
     verify: bool = False
     report: bool = False             # explain reused intermediates and keep the graph's code
+    inductor_pdl: bool = False       # PDL for Inductor's Triton kernels where a decode attention rule fired
 
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
@@ -77,6 +79,10 @@ class FusekitPass(CustomGraphPass):
         except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
             record.errors.append(NearMiss.from_exc("<pass>", None, exc))
         record.left_to_inductor = _count(graph, fusekit=False)
+        if self.options.inductor_pdl and wants_inductor_pdl(record.sites):
+            # read by Inductor's Triton codegen later in this compile; the backend's config patch holds the key
+            # (False), so the value goes back when the compile ends
+            inductor_config.triton.enable_pdl = True
         if report:
             record.graph_code = str(graph)
         record.pass_s = time.perf_counter() - t0
@@ -114,6 +120,15 @@ class FusekitPass(CustomGraphPass):
                 record.near_misses.clear()
                 record.errors.append(NearMiss.from_exc(f.pattern, f.node, f.exc))
                 skip.add(f.pattern)
+
+
+def wants_inductor_pdl(sites: Mapping[str, int]) -> bool:
+    """Whether Inductor's Triton kernels should launch with PDL in a graph whose fusekit sites are `sites`: where
+    a decode attention rule fired. Measured on an H100 (benchmarks/NOTES.md, thirteenth session), Llama-style
+    decode step in a CUDA graph: with fusekit's attention, b1 0.611 -> 0.598 ms, b32 0.898 -> 0.896 (and 0.631 ->
+    0.598, 0.917 -> 0.896 with fusekit's own kernels' PDL); Inductor's own step, whose repeat_kv copy and SDPA
+    stay, 7.19 -> 8.63 ms at b32. So graphs where no such rule fired keep Inductor's default."""
+    return any(n and pid.startswith("decode.") for pid, n in sites.items())
 
 
 def _reused_intermediates(graph: torch.fx.Graph, run: PassRun, pattern_ids: list[str],

@@ -238,12 +238,12 @@ def test_kernels_load_before_inductor_for_cuda_graphs(monkeypatch):
     assert events == ["compile"], events
 
 
-@pytest.mark.parametrize("capability, options, want", [((9, 0), None, True), ((8, 0), None, None),
+@pytest.mark.parametrize("capability, options, want", [((9, 0), None, True), ((8, 0), None, False),
                                                        ((9, 0), {"triton.enable_pdl": False}, False)])
-def test_inductor_pdl_on_for_hopper_unless_asked_off(monkeypatch, capability, options, want):
-    """On sm_90+ the backend asks Inductor for programmatic dependent launch of its Triton kernels (fusekit's own
-    decode kernels use it too); not before sm_90, and never against the user's own setting. Checked with fake
-    CUDA inputs, the device's capability stubbed and compile_fx stubbed out."""
+def test_inductor_pdl_offered_on_hopper_unless_set(monkeypatch, capability, options, want):
+    """On sm_90+ the backend lets its pass turn on Inductor's PDL (where a decode attention rule fires; see the next
+    test), holding the config key so that it goes back after the compile; not before sm_90, and never against
+    the user's own setting. Checked with fake CUDA inputs, the device's capability stubbed and compile_fx stubbed."""
     from torch._inductor import compile_fx as cfx
     from torch._inductor import config as inductor_config
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -262,7 +262,47 @@ def test_inductor_pdl_on_for_hopper_unless_asked_off(monkeypatch, capability, op
     with FakeTensorMode():
         cuda_inputs = [torch.empty(4, device="cuda"), torch.empty(4, device="cuda")]
     fusekit(gm, cuda_inputs, options=options)
-    assert seen.get("triton.enable_pdl") == want, seen
+    assert seen["post_grad_custom_post_pass"].options.inductor_pdl is want, seen
+    assert seen.get("triton.enable_pdl", "unset") == (False if want or options else "unset"), seen
     seen.clear()
     fusekit(gm, [torch.randn(4), torch.randn(4)])  # CPU inputs: Inductor's default
-    assert "triton.enable_pdl" not in seen, seen
+    assert "triton.enable_pdl" not in seen and not seen["post_grad_custom_post_pass"].options.inductor_pdl, seen
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_pass_turns_inductor_pdl_on_where_decode_attention_fired(monkeypatch, decode):
+    """The pass sets Inductor's triton.enable_pdl for the rest of a compile where a decode attention rule fired
+    (the tiny Llama's decode step on CPU, with the backend told it runs on sm_90+), not where none did (the same
+    model's 32-token prompt), and the value is back to what it was after the compile. Seen by a user post pass, which
+    runs after fusekit's."""
+    from torch._inductor import config as inductor_config
+
+    import importlib
+
+    from fusion_backend.tools import decode_bench
+
+    backend_mod = importlib.import_module("fusion_backend.backend")  # (the package's `backend` is the function)
+
+    if not hasattr(inductor_config.triton, "enable_pdl"):
+        pytest.skip("this torch's Inductor has no triton.enable_pdl")
+    monkeypatch.setattr(backend_mod, "_hopper_or_newer", lambda inputs: True)
+    seen = []
+
+    def probe(graph):
+        seen.append(inductor_config.triton.enable_pdl)
+
+    before = inductor_config.triton.enable_pdl
+    torch._dynamo.reset()
+    compiled = torch.compile(backend=backend_mod.backend(options={"cpu_reference": True,
+                                                                 "post_grad_custom_post_pass": probe}))
+    with torch.no_grad():
+        if decode:
+            st = decode_bench.Step("llama", "cpu", 2, 64)
+            st.at(40)
+            st(compiled(st.model))
+        else:
+            st = decode_bench.Prompt("llama", "cpu", 2, 32, 64)  # (decode rules take 1-16 query rows)
+            st(compiled(st.model))
+    torch._dynamo.reset()
+    assert seen and seen[-1] is decode, seen
+    assert inductor_config.triton.enable_pdl == before
