@@ -32,8 +32,8 @@ def main():
                 st(fn)
                 g = capture(st.repeated(fn))
                 ts = [do_bench(g.replay, warmup=25, rep=200, return_mode="median") for _ in range(a.rounds)]
-                print(f"| {name} | {b} | {st.position} | Inductor PDL {'on' if pdl else 'off'} | {statistics.median(ts):.4f} | "
-                      f"{min(ts):.4f}-{max(ts):.4f} |", flush=True)
+                print(f"| {name} | {b} | {st.position} | Inductor PDL {'on' if pdl else 'off'} | "
+                      f"{statistics.median(ts):.4f} | {min(ts):.4f}-{max(ts):.4f} |", flush=True)
                 del g, fn, st
 
 

@@ -1,10 +1,10 @@
 """Programmatic dependent launch (PDL) in a decode step (issue #23): the Llama-style step replayed as a CUDA graph,
 Inductor and fusekit, with fusekit's kernels launched with PDL or without (FUSEKIT_PDL, read at each launch, so
-both graphs are captured in one process and their logits compared (fusekit's kernels are deterministic, so
-any difference beyond what two replays of one graph differ by would be a race). Inductor's own PDL for its Triton kernels is read at import
-(TORCHINDUCTOR_ENABLE_PDL): run the probe once per setting.
+every variant's graph is captured in one process and their logits compared: fusekit's kernels are deterministic,
+so a difference beyond what two replays of one graph differ by would be a race). Inductor's own PDL for its
+Triton kernels is read at import (TORCHINDUCTOR_ENABLE_PDL): run the probe once per setting.
 
-    TORCHINDUCTOR_ENABLE_PDL=0 python benchmarks/probes/pdl_step.py --batches 32,1 --position 1024
+    TORCHINDUCTOR_ENABLE_PDL=1 python benchmarks/probes/pdl_step.py --batches 32,1 --position 1024 --variants 0,ag
 """
 import argparse
 import os
