@@ -275,9 +275,9 @@ def test_pass_turns_inductor_pdl_on_where_decode_attention_fired(monkeypatch, de
     (the tiny Llama's decode step on CPU, with the backend told it runs on sm_90+), not where none did (the same
     model's 32-token prompt), and the value is back to what it was after the compile. Seen by a user post pass, which
     runs after fusekit's."""
-    from torch._inductor import config as inductor_config
-
     import importlib
+
+    from torch._inductor import config as inductor_config
 
     from fusion_backend.tools import decode_bench
 

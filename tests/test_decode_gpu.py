@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from fusion_backend import _ext
 from fusion_backend.patterns.decode import decode_attention_eager, decode_attention_ref, repeat_kv
+from fusion_backend.tools.cuda_graphs import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or _ext.missing_cuda_kernel("decode_attention", torch.device("cuda")) is not None,
@@ -133,16 +134,11 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
 
 
 def _graph_of(fn):
-    """(CUDA graph of fn, its output), warmed up off the default stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
+    """(CUDA graph of fn, its output): cuda_graphs.capture, keeping what the captured call returned."""
+    outs = []
+    graph = capture(lambda: outs.append(fn()))
+    assert graph is not None
+    return graph, outs[-1]  # the call inside the graph (warm-up calls come before it; replays do not append)
 
 
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])

@@ -14,21 +14,16 @@ import torch
 from triton.testing import do_bench
 
 from fusion_backend.backend import backend as fusekit_backend
+from fusion_backend.tools.cuda_graphs import capture
 from fusion_backend.tools.decode_bench import Step
 
 
-def capture(step):
-    """(graph, its output) of one step, warmed up off the default stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = step()
-    return g, out
+def capture_with_output(step):
+    """(graph, its output) of one step: cuda_graphs.capture, keeping what the captured call returned."""
+    outs = []
+    g = capture(lambda: outs.append(step()))
+    assert g is not None, "the step could not be captured"
+    return g, outs[-1]  # the call inside the graph (the warm-up calls come before it; replays do not append)
 
 
 def main():
@@ -38,7 +33,7 @@ def main():
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="0,1", help="FUSEKIT_PDL values, one graph each (fusekit.h: 0 none, 1 all, "
-                    "else the parts' letters: a attention, g GEMMs, p their prefetch)")
+                    "else the parts' letters: a attention, g GEMMs)")
     a = ap.parse_args()
     ind_pdl = getattr(torch._inductor.config.triton, "enable_pdl", None)  # (absent: this torch has no Inductor PDL)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; Inductor triton.enable_pdl={ind_pdl}", flush=True)
@@ -58,7 +53,7 @@ def main():
             for name, fn, pdl in variants:
                 os.environ["FUSEKIT_PDL"] = pdl  # read by fusekit's launches during the capture
                 st.restore()
-                graphs[name] = capture(st.repeated(fn))
+                graphs[name] = capture_with_output(st.repeated(fn))
             os.environ.pop("FUSEKIT_PDL")
             outs, noise = {}, {}
             for name, (g, out) in graphs.items():  # each from the same cache state, twice
