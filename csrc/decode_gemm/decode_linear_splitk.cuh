@@ -215,11 +215,7 @@ int splitk_splits(int tiles, int chunks, int rows) {
 // Whether this build's kernel has clusters (sm_90+); without them it runs one split only, so it is not used.
 template <typename T, int XM, int NW>
 bool splitk_built() {
-  static const bool yes = [] {
-    cudaFuncAttributes a{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&a, decode_linear_splitk_kernel<T, XM, NW>));
-    return a.binaryVersion >= 90;
-  }();
+  static const bool yes = binary_version(decode_linear_splitk_kernel<T, XM, NW>) >= 90;
   return yes;
 }
 
