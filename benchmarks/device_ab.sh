@@ -11,6 +11,8 @@ T0=$(date +%s)
 OUT=${OUT:-/tmp/fusekit_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8} FUSEKIT_CACHE=${FUSEKIT_CACHE:-/tmp/fkc}
 NEW=$PWD OLD=/tmp/ab_old_tree
+# a carried kernel cache (.fkc/fkc.tgz, an earlier call's $OUT/fkc.tgz): a tree whose sources it built skips its build
+[ -f .fkc/fkc.tgz ] && mkdir -p "$FUSEKIT_CACHE" && tar xzf .fkc/fkc.tgz -C "$FUSEKIT_CACHE"
 [ -d ab_old/csrc ] || { echo "ab_old/csrc missing (see the header)"; exit 2; }
 rm -rf "$OLD" && mkdir -p "$OLD" && cp -r fusion_backend patterns benchmarks tests "$OLD"/ && cp -r ab_old/csrc "$OLD/csrc"
 # Neither tree is installed before the benches: fusion_backend.patterns (the top-level patterns/, mapped by
