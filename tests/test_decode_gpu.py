@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from fusion_backend import _ext
 from fusion_backend.patterns.decode import decode_attention_eager, decode_attention_ref, repeat_kv
-from fusion_backend.tools.cuda_graphs import capture
+from fusion_backend.tools.cuda_graphs import capture_output
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or _ext.missing_cuda_kernel("decode_attention", torch.device("cuda")) is not None,
@@ -134,14 +134,6 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
         torch.testing.assert_close(replayed, op(q, k, v, keep, 0.0883), atol=0, rtol=0)
 
 
-def _graph_of(fn):
-    """(CUDA graph of fn, its output): cuda_graphs.capture, keeping what the captured call returned."""
-    outs = []
-    graph = capture(lambda: outs.append(fn()))
-    assert graph is not None
-    return graph, outs[-1]  # the call inside the graph (warm-up calls come before it; replays do not append)
-
-
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])
 def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
     """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (fusekit.h: they may start
@@ -172,7 +164,8 @@ def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
     for pdl in ("0", "1"):
         monkeypatch.setenv("FUSEKIT_PDL", pdl)  # read at each launch, so at the capture
         src.normal_(0, 0.02, generator=g)
-        graphs[pdl] = _graph_of(step)
+        graphs[pdl] = capture_output(step)
+        assert graphs[pdl][0] is not None
     monkeypatch.delenv("FUSEKIT_PDL")
     for _ in range(3):
         src.normal_(0, 0.02, generator=g)

@@ -14,16 +14,8 @@ import torch
 from triton.testing import do_bench
 
 from fusion_backend.backend import backend as fusekit_backend
-from fusion_backend.tools.cuda_graphs import capture
+from fusion_backend.tools.cuda_graphs import capture_output
 from fusion_backend.tools.decode_bench import Step
-
-
-def capture_with_output(step):
-    """(graph, its output) of one step: cuda_graphs.capture, keeping what the captured call returned."""
-    outs = []
-    g = capture(lambda: outs.append(step()))
-    assert g is not None, "the step could not be captured"
-    return g, outs[-1]  # the call inside the graph (the warm-up calls come before it; replays do not append)
 
 
 def main():
@@ -53,7 +45,8 @@ def main():
             for name, fn, pdl in variants:
                 os.environ["FUSEKIT_PDL"] = pdl  # read by fusekit's launches during the capture
                 st.restore()
-                graphs[name] = capture_with_output(st.repeated(fn))
+                graphs[name] = capture_output(st.repeated(fn))
+                assert graphs[name][0] is not None, "the step could not be captured"
             os.environ.pop("FUSEKIT_PDL")
             outs, noise = {}, {}
             for name, (g, out) in graphs.items():  # each from the same cache state, twice

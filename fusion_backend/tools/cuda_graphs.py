@@ -1,4 +1,4 @@
-"""One CUDA-graph capture for the benchmarks (bench --phase decode, benchmarks/bench_patterns.py)."""
+"""One CUDA-graph capture for the benchmarks (bench --phase decode, benchmarks/bench_patterns.py) and the GPU tests."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -29,3 +29,11 @@ def capture(fn: Callable[[], Any], inner: int = 1) -> torch.cuda.CUDAGraph | Non
               flush=True)
         torch.cuda.synchronize()
         return None
+
+
+def capture_output(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph | None, Any]:
+    """(capture's graph of one call of fn, what that captured call returned: replays write it in place), or
+    (None, None) where fn cannot be captured."""
+    outs: list[Any] = []
+    g = capture(lambda: outs.append(fn()))
+    return (g, outs[-1]) if g is not None else (None, None)  # the last call is the captured one: replays run no Python
