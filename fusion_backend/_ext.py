@@ -51,10 +51,11 @@ def csrc_dir() -> pathlib.Path | None:
     return None
 
 
-def arch_flag(arch: str) -> str:
-    """'9.0a' -> -gencode=arch=compute_90a,code=sm_90a (wgmma needs the 'a' target)."""
+def arch_flags(arch: str) -> list[str]:
+    """'9.0a' -> -gencode=arch=compute_90a,code=sm_90a (wgmma needs the 'a' target), and FUSEKIT_SM90A defined
+    for the host code that picks kernels built only for it (csrc/decode_gemm/decode_linear_tma.cuh)."""
     num = arch.replace(".", "")
-    return f"-gencode=arch=compute_{num},code=sm_{num}"
+    return [f"-gencode=arch=compute_{num},code=sm_{num}", *(["-DFUSEKIT_SM90A"] if arch == "9.0a" else [])]
 
 
 def device_arch(device: int | None = None) -> str:
@@ -156,7 +157,7 @@ def build(arch: str, verbose: bool = False, root: pathlib.Path | None = None) ->
     for name, why in skipped(arch, root).items():
         print(f"fusekit: not building {name}: {why}", file=sys.stderr)
     load(name=NAME, sources=[str(s) for s in sources(root, arch)], build_directory=str(bd),
-         extra_cflags=CXX_FLAGS, extra_cuda_cflags=[*CUDA_FLAGS, arch_flag(arch)],
+         extra_cflags=CXX_FLAGS, extra_cuda_cflags=[*CUDA_FLAGS, *arch_flags(arch)],
          extra_include_paths=[str(root), *cutlass_include()], is_python_module=False, verbose=verbose)
     print(f"fusekit: built in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     return so

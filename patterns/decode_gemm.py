@@ -76,10 +76,12 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
 
 
-def few_rows(x: str, limit: int) -> G.Guard:
-    """Should fire: at most `limit` rows. Above it cuBLAS's tiled GEMMs reuse each weight tile across enough
-    rows that the pass over the weight is no longer the whole cost."""
+def few_rows(x: str, rule: str) -> G.Guard:
+    """Should fire: at most MAX_ROWS[rule] rows (read at each check: a probe may change it). Above it cuBLAS's
+    tiled GEMMs reuse each weight tile across enough rows that the pass over the weight is no longer the whole
+    cost."""
     def check(s: G.Site) -> str | None:
+        limit = MAX_ROWS[rule]
         t = s.tensor(x)
         rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
         return None if known(rows <= limit) else f"{rows} rows (> {limit}): not a decode step's linear"
@@ -120,7 +122,7 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
         gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", MAX_ROWS[name])),
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name)),
     )
 
 
@@ -164,7 +166,7 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
         bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev), bad_reason="multiples of 8",
         guards=(G.same_dtype(*tensors), weight_operands("x", "wq", "wk", "wv", one_shape=False),
                 *((vectors("wq", "bq"), vectors("wk", "bk"), vectors("wv", "bv")) if bias else ()),
-                few_rows("x", MAX_ROWS["qkv"])),
+                few_rows("x", "qkv")),
     )
 
 

@@ -9,6 +9,7 @@ import torch
 
 from fusion_backend import _ext, ops, registry, table
 from fusion_backend.patterns import batched_matmul as BM
+from fusion_backend.tools.cuda_graphs import capture_output
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -530,14 +531,16 @@ def test_matmul_output_cast_and_tf32():
 @contextlib.contextmanager
 def _decode_gemm_kernel(choice: str):
     """decode_linear / decode_qkv's kernel for the calls inside (FUSEKIT_DECODE_GEMM, read at each launch): "old"
-    (decode_linear_kernel), "splitk" (the split-K kernel where it fits) or "splitk:S" (S splits of K)."""
+    (decode_linear_kernel), "splitk" (the split-K kernel where it fits) or "splitk:S" (S splits of K), "tma" /
+    "tma:S" (the TMA kernel, sm_90a builds; elsewhere the measured selection), "tmalate" (no early weight tiles)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FUSEKIT_DECODE_GEMM", choice)
         yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("choice", ["old", "splitk", "splitk:1", "splitk:2", "splitk:3", "splitk:8"],
+@pytest.mark.parametrize("choice", ["old", "splitk", "splitk:1", "splitk:2", "splitk:3", "splitk:8", "tma", "tma:1",
+                                    "tma:3", "tma:8", "tmalate"],
                          ids=lambda c: c.replace(":", ""))
 def test_decode_gemm_kernels_rows_splits_and_tails(dtype, choice):
     """Each decode GEMM kernel and K split (the split-K kernel's x row tiles of 8/16/32/64 rows, clusters of 1-8
@@ -558,6 +561,30 @@ def test_decode_gemm_kernels_rows_splits_and_tails(dtype, choice):
                 _check(pb, args, _run(pb, args))
         args = pl.make_args((32, 5632, 2048), dtype, "cuda")  # Llama-style down: the longest slice held
         _check(pl, args, _run(pl, args))
+
+
+def test_decode_gemm_tma_kernel_runs_where_built():
+    """FUSEKIT_DECODE_GEMM=tma runs the TMA kernel itself on an sm_90 device (the build is sm_90a there), not a
+    fallback: its name in the profile, for the plain, gated and q/k/v ops, inside a CUDA graph too."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA decode-linear kernel is built for sm_90a only")
+    pl, pg, pq = (table.by_id(f"decode_gemm.{n}_2d") for n in ("linear", "gate_up_silu", "qkv"))
+    cases = ((pl, (32, 2048, 2048)), (pg, (32, 2048, 512)), (pq, (32, 2048, 2048, 512)))
+    with _decode_gemm_kernel("tma"):
+        for p, case in cases:
+            args = p.make_args(case, torch.bfloat16, "cuda")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                out = _run(p, args)
+                torch.cuda.synchronize()
+            names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert any("decode_linear_tma_kernel" in n for n in names), (p.id, names)
+            _check(p, args, out)
+            g, got = capture_output(lambda: _run(p, args))
+            g.replay()
+            torch.cuda.synchronize()
+            _check(p, args, got)
+            as_tuple = (lambda o: tuple(o) if isinstance(o, (tuple, list)) else (o,))
+            assert all(torch.equal(a, b) for a, b in zip(as_tuple(got), as_tuple(out)))  # replay = direct call
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -1,0 +1,404 @@
+// The TMA decode-linear kernel (sm_90a): decode_linear's products with the weight streamed through a deep
+// shared-memory ring by the Tensor Memory Accelerator and multiplied on wgmma, for the 9-64 rows of a decode step.
+//
+// Why: at 32 rows cuBLAS's nvjet kernels stream the weights at 45-73% of the copy bandwidth (H100, Llama-style
+// b32: o 6.2 us for 8 MB, gate and up 10.9 us each for 23 MB, down 10.5 + 2.0 us), and fusekit's register-batch
+// kernels (decode_linear.cuh, decode_linear_splitk.cuh) no better: each warp's loads are a chain of round trips
+// held in registers. Here one producer warp keeps up to kTmaMaxStages 64 x 64 weight tiles (8 KB each, and x's
+// matching 64-wide slice) in flight per CTA with cp.async.bulk.tensor (mbarrier complete_tx), and one consumer
+// warpgroup multiplies each stage as it lands: wgmma m64nXk16 with the 64 weight rows as M and x's rows as N
+// (X = 8/16/32/64 >= rows), both operands K-major in 128-byte-swizzled shared memory, float32 sums. Weights do
+// not depend on the kernel before, so the first stages' weight tiles are issued before pdl_wait (PDL); x's
+// after it. K is split over a thread-block cluster of S <= 8 CTAs as in the split-K kernel: each CTA's float32
+// partial tile goes to its shared memory and every CTA sums 1/S of the tile over the ranks in rank order through
+// distributed shared memory (deterministic; no workspace, CUDA-graph safe), then the epilogue (silu-mul, bias).
+//
+// Tensor maps (the TMA descriptors) are built on the host per call for x, and once per weight (cached by
+// address, shape and dtype: a map is a function of those alone); the driver's encoder comes through the
+// runtime's entry-point query (no libcuda link). Built only where the extension is compiled for sm_90a
+// (FUSEKIT_SM90A); elsewhere tma_built() is false and the other kernels run.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <mutex>
+#include <tuple>
+#include <map>
+
+#include "decode_linear.cuh"
+
+namespace fusekit {
+namespace decode_gemm {
+
+constexpr int kTmaCols = 64;           // weight rows (output columns) per CTA: the wgmma's M
+constexpr int kTmaBK = 64;             // k per stage: one 128-byte swizzled row of bf16/fp16
+constexpr int kTmaThreads = 160;       // one consumer warpgroup, one producer warp
+constexpr int kTmaMaxStages = 8;
+constexpr int kTmaMaxSplits = 8;       // the portable cluster size
+constexpr int kTmaRedStride = kTmaCols + 4;  // floats per x row of the partial tile
+constexpr size_t kTmaSmemBudget = 110 * 1024;  // two CTAs per SM
+
+struct TmaParams {
+  CUtensorMap wmap[kMaxParts];  // NW = 2: the gate's and the up weight's; NW = 1: each part's
+  CUtensorMap xmap;
+  Params p;
+  int kb_per_split;  // 64-wide k blocks per split
+  int stages;
+  int early;         // 1: the first stages' weight tiles are issued before pdl_wait
+};
+
+__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx) { return (nw * kTmaCols + mx) * kTmaBK * 2; }
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+// A box of the tensor map at (c0 = k, c1 = row) into shared memory; `bar` counts its bytes.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+               ::"r"(smem_u32(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
+}
+// K-major operand in 128-byte-swizzled rows (8-row groups 1024 bytes apart); a k16 step adds 32 bytes.
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  return (static_cast<uint64_t>((smem_u32(p) & 0x3FFFF) >> 4)) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {  // keep the accumulators out of the async window
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void wgmma_k16(float (&d)[4], uint64_t a, uint64_t b) {  // m64n8k16
+  if constexpr (Bf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(a), "l"(b), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(a), "l"(b), "r"(1));
+  }
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void wgmma_k16(float (&d)[8], uint64_t a, uint64_t b) {  // m64n16k16
+  if constexpr (Bf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(a), "l"(b), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(a), "l"(b), "r"(1));
+  }
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void wgmma_k16(float (&d)[16], uint64_t a, uint64_t b) {  // m64n32k16
+  if constexpr (Bf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(1));
+  }
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void wgmma_k16(float (&d)[32], uint64_t a, uint64_t b) {  // m64n64k16
+  if constexpr (Bf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(1));
+  }
+}
+#endif  // sm_90a helpers
+
+// Grid (column tiles of all parts, S); cluster (1, S, 1): blockIdx.y is the split and the rank in the cluster.
+// MX: x rows held (>= m; the rows past m are TMA's zero fill); NW as decode_linear_kernel's.
+template <typename T, int MX, int NW>
+__global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int WB = kTmaCols * kTmaBK * 2, SB = tma_stage_bytes(NW, MX);
+  constexpr int R = MX / 2;  // accumulators per thread and weight
+  const Params& p = tp.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int ns = tp.stages;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + ns * SB);
+  uint64_t* empty = full + ns;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int n0;
+  const int j = tile_part<NW>(p, blockIdx.x, kTmaCols, n0);
+  const int n = part_of(p.n, j), split = blockIdx.y, splits = gridDim.y;
+  const int kblocks = (p.k + kTmaBK - 1) / kTmaBK;
+  const int kb0 = split * tp.kb_per_split, nk = max(0, min(kblocks, kb0 + tp.kb_per_split) - kb0);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ns; ++s) mbar_init(full + s, 1), mbar_init(empty + s, 4);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[NW][R];
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[w][i] = 0.f;
+
+  if (warp == 4) {  // producer: one lane issues every copy
+    if (lane == 0) {
+      const CUtensorMap* wm[NW];
+#pragma unroll
+      for (int w = 0; w < NW; ++w) wm[w] = NW == 2 ? &tp.wmap[w] : (j == 0 ? &tp.wmap[0] : j == 1 ? &tp.wmap[1] : &tp.wmap[2]);
+      const int pre = min(ns, nk);
+      const auto weights = [&](int i) {
+        unsigned char* st = smem + (i % ns) * SB;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) tma_load(st + w * WB, wm[w], (kb0 + i) * kTmaBK, n0, full + i % ns);
+      };
+      const auto xs = [&](int i) { tma_load(smem + (i % ns) * SB + NW * WB, &tp.xmap, (kb0 + i) * kTmaBK, 0, full + i % ns); };
+      if (tp.early) {  // the weights of the first stages: no kernel before writes them
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i);
+        pdl_wait();
+        for (int i = 0; i < pre; ++i) xs(i);
+      } else {
+        pdl_wait();
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i), xs(i);
+      }
+      for (int i = pre; i < nk; ++i) {
+        mbar_wait(empty + i % ns, (i / ns - 1) & 1);  // the stage's last use is consumed
+        mbar_expect_tx(full + i % ns, SB);
+        weights(i);
+        xs(i);
+      }
+    }
+    __syncwarp();
+  } else {  // consumers: the warpgroup multiplies each stage as it lands
+    pdl_wait();  // (the epilogue's stores)
+    for (int i = 0; i < nk; ++i) {
+      const int s = i % ns;
+      mbar_wait(full + s, (i / ns) & 1);
+      const unsigned char* st = smem + s * SB;
+      const uint64_t xd = smem_desc(st + NW * WB);
+#pragma unroll
+      for (int w = 0; w < NW; ++w) fence_regs(acc[w]);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < kTmaBK / 16; ++kk) {
+#pragma unroll
+        for (int w = 0; w < NW; ++w) wgmma_k16<std::is_same_v<T, __nv_bfloat16>>(acc[w], smem_desc(st + w * WB) + 2 * kk, xd + 2 * kk);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+      for (int w = 0; w < NW; ++w) fence_regs(acc[w]);
+      if (lane == 0) mbar_arrive(empty + s);  // one arrival per warp
+    }
+    pdl_trigger();
+  }
+  __syncthreads();  // every stage consumed: the ring's memory holds the partial tile now
+
+  // red[w][x row][column]; accumulator d[4c + e] of warp wq, lane l: weight row 16 wq + l/4 (+8 for e >= 2),
+  // x row 8c + 2 (l%4) (+1 for odd e)
+  float* red = reinterpret_cast<float*>(smem);
+  if (warp < 4) {
+    const int col = 16 * warp + lane / 4, xr = 2 * (lane % 4);
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+#pragma unroll
+      for (int c = 0; c < MX / 8; ++c) {
+        float* r0 = red + (w * MX + 8 * c + xr) * kTmaRedStride + col;
+        r0[0] = acc[w][4 * c];
+        r0[kTmaRedStride] = acc[w][4 * c + 1];
+        r0[8] = acc[w][4 * c + 2];
+        r0[kTmaRedStride + 8] = acc[w][4 * c + 3];
+      }
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
+
+  T* out = static_cast<T*>(part_of(p.out, j));
+  const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
+  const int rows = min(MX, p.m);
+  for (int e = split * kTmaThreads + threadIdx.x; e < rows * (kTmaCols / 2); e += splits * kTmaThreads) {
+    const int row = e / (kTmaCols / 2), col = 2 * (e % (kTmaCols / 2));
+    if (n0 + col >= n) continue;  // n is a multiple of 8: both columns in or both out
+    float2 v[NW][kTmaMaxSplits];  // every split's pair loaded first, then summed in rank order
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float* mine = red + (w * MX + row) * kTmaRedStride + col;
+#pragma unroll
+      for (int q = 0; q < kTmaMaxSplits; ++q) {
+        if (q >= splits) break;
+        v[w][q] = *reinterpret_cast<const float2*>(cluster.map_shared_rank(mine, q));
+      }
+    }
+    float2 s[NW];
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      s[w] = v[w][0];
+#pragma unroll
+      for (int q = 1; q < kTmaMaxSplits; ++q) {
+        if (q >= splits) break;
+        s[w].x += v[w][q].x, s[w].y += v[w][q].y;
+      }
+    }
+    float y0 = s[0].x, y1 = s[0].y;
+    if constexpr (NW == 2) y0 = silu_mul<T>(s[0].x, s[1].x), y1 = silu_mul<T>(s[0].y, s[1].y);
+    if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
+    T* o = out + static_cast<int64_t>(row) * n + n0 + col;
+    o[0] = from_float<T>(y0);
+    o[1] = from_float<T>(y1);
+  }
+  // no CTA leaves while another still reads its shared memory
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#else
+  __trap();  // not an sm_90a build: tma_built() is false, never launched
+#endif
+}
+
+// Whether this build has the kernel (the extension compiled for sm_90a: build.py defines FUSEKIT_SM90A).
+inline bool tma_built() {
+#ifdef FUSEKIT_SM90A
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The driver's tensor-map encoder, through the runtime (no libcuda link); null where the driver lacks it.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A row-major [rows, k] matrix as boxes of `box_rows` x 64 k, 128-byte swizzled, zeros past its edges.
+template <typename T>
+bool encode_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int box_rows) {
+  const auto enc = tensor_map_encoder();
+  if (enc == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * sizeof(T)};
+  const cuuint32_t box[2] = {kTmaBK, static_cast<cuuint32_t>(box_rows)}, estr[2] = {1, 1};
+  const auto dt = std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return enc(map, dt, 2, const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A weight's map, encoded once: a map depends only on (address, shape, dtype), so the cache cannot go stale.
+template <typename T>
+bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int>, CUtensorMap> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(ptr, n, k);
+  const auto it = cache.find(key);
+  if (it != cache.end()) {
+    *map = it->second;
+    return true;
+  }
+  if (!encode_map<T>(map, ptr, n, k, kTmaCols)) return false;
+  if (cache.size() < 4096) cache.emplace(key, *map);
+  return true;
+}
+
+// K split: S in [1, 8] minimizing the waves of CTAs (two per SM) times each one's k blocks plus a fixed cost of
+// ~3 blocks (the ring's first fill, the cluster's barriers and reduction).
+inline int tma_splits(int tiles, int kblocks) {
+  const int slots = 2 * sm_count();
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= kTmaMaxSplits && s <= kblocks; ++s) {
+    const int per = (kblocks + s - 1) / s;
+    if ((kblocks + per - 1) / per < s) continue;  // an empty split
+    const int64_t cost = (int64_t(tiles) * s + slots - 1) / slots * (per + 3);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
+// Launches with S splits (0: tma_splits's choice); false, launching nothing, where this build or driver has no
+// TMA kernel or a map cannot be encoded.
+template <typename T, int MX, int NW>
+bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early) {
+  TmaParams tp{};
+  tp.p = p;
+  const int tiles = set_tile_ends(tp.p, kTmaCols);
+  for (int i = 0; i < (NW == 2 ? 2 : p.parts); ++i) {
+    if (!weight_map<T>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
+  }
+  if (!encode_map<T>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
+  const int kblocks = (p.k + kTmaBK - 1) / kTmaBK;
+  int s = splits > 0 ? std::min({splits, kTmaMaxSplits, kblocks}) : tma_splits(tiles, kblocks);
+  tp.kb_per_split = (kblocks + s - 1) / s;
+  s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
+  constexpr int SB = tma_stage_bytes(NW, MX);
+  tp.stages = static_cast<int>(std::min<size_t>(kTmaMaxStages, (kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / SB));
+  tp.stages = std::min(tp.stages, std::max(tp.kb_per_split, 2));
+  tp.early = early;
+  const size_t smem = 1024 + size_t(tp.stages) * SB + 16 * tp.stages;
+  static bool opted_in[64] = {};  // the opt-in above 48 KB of shared memory, once per device
+  const int dev = c10::cuda::current_device();
+  if (!opted_in[dev]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_linear_tma_kernel<T, MX, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kTmaSmemBudget)));
+    opted_in[dev] = true;
+  }
+  launch_ex(decode_linear_tma_kernel<T, MX, NW>, dim3(tiles, s), dim3(kTmaThreads), smem, stream, pdl_allowed(90, 'g'),
+            s, tp);
+  return true;
+}
+
+template <typename T, int NW>
+bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early) {
+  if (!tma_built() || p.m > 64 || p.m < 1) return false;
+  if (p.m <= 8) return launch_tma_rows<T, 8, NW>(p, stream, splits, early);
+  if (p.m <= 16) return launch_tma_rows<T, 16, NW>(p, stream, splits, early);
+  if (p.m <= 32) return launch_tma_rows<T, 32, NW>(p, stream, splits, early);
+  return launch_tma_rows<T, 64, NW>(p, stream, splits, early);
+}
+
+}  // namespace decode_gemm
+}  // namespace fusekit
