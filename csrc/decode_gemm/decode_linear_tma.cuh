@@ -362,7 +362,7 @@ inline int tma_splits(int tiles, int kblocks) {
 // Launches with S splits (0: tma_splits's choice); false, launching nothing, where this build or driver has no
 // TMA kernel or a map cannot be encoded.
 template <typename T, int MX, int NW>
-bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early) {
+bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages) {
   TmaParams tp{};
   tp.p = p;
   const int tiles = set_tile_ends(tp.p, kTmaCols);
@@ -376,6 +376,7 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
   constexpr int SB = tma_stage_bytes(NW, MX);
   tp.stages = static_cast<int>(std::min<size_t>(kTmaMaxStages, (kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / SB));
+  if (stages > 0) tp.stages = std::min(tp.stages, std::max(stages, 2));
   tp.stages = std::min(tp.stages, std::max(tp.kb_per_split, 2));
   tp.early = early;
   const size_t smem = 1024 + size_t(tp.stages) * SB + 16 * tp.stages;
@@ -392,12 +393,12 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
 }
 
 template <typename T, int NW>
-bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early) {
+bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early, int stages) {
   if (!tma_built() || p.m > 64 || p.m < 1) return false;
-  if (p.m <= 8) return launch_tma_rows<T, 8, NW>(p, stream, splits, early);
-  if (p.m <= 16) return launch_tma_rows<T, 16, NW>(p, stream, splits, early);
-  if (p.m <= 32) return launch_tma_rows<T, 32, NW>(p, stream, splits, early);
-  return launch_tma_rows<T, 64, NW>(p, stream, splits, early);
+  if (p.m <= 8) return launch_tma_rows<T, 8, NW>(p, stream, splits, early, stages);
+  if (p.m <= 16) return launch_tma_rows<T, 16, NW>(p, stream, splits, early, stages);
+  if (p.m <= 32) return launch_tma_rows<T, 32, NW>(p, stream, splits, early, stages);
+  return launch_tma_rows<T, 64, NW>(p, stream, splits, early, stages);
 }
 
 }  // namespace decode_gemm
