@@ -247,18 +247,22 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
 
 // FUSEKIT_DECODE_GEMM (tests and A/Bs; read at each launch, so at a CUDA graph's capture): "old" forces
 // decode_linear_kernel, "splitk" the split-K kernel wherever it fits (1-64 rows), "splitk:S" with S splits of K,
-// "tma" / "tma:S" / "tma:S:N" the TMA kernel (1-64 rows, sm_90a builds; N stages of its ring), "tmalate..." that
+// "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B" the TMA kernel (1-64 rows, sm_90a builds; N stages of B k boxes in its
+// ring, B 1 or 4), "tmalate..." that
 // kernel with no weight tile issued before pdl_wait. Returns -1 (unset: the measured selection), 0 (old), 1
 // (split-K) or 2 (TMA), S and N (0: the kernel's own choice).
-inline int forced_kernel(int& splits, bool& early, int& stages) {
+inline int forced_kernel(int& splits, bool& early, int& stages, int& boxes) {
   const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
-  splits = 0, early = true, stages = 0;
+  splits = 0, early = true, stages = 0, boxes = 1;
   if (e == nullptr) return -1;
   if (std::strncmp(e, "old", 3) == 0) return 0;
   const auto with_splits = [&](int len, int kind) {
     if (e[len] == ':') {
       splits = std::atoi(e + len + 1);
-      if (const char* c = std::strchr(e + len + 1, ':')) stages = std::atoi(c + 1);
+      if (const char* c = std::strchr(e + len + 1, ':')) {
+        stages = std::atoi(c + 1);
+        if (const char* d = std::strchr(c + 1, ':')) boxes = std::atoi(d + 1);
+      }
     }
     return kind;
   };
@@ -276,9 +280,9 @@ template <typename T, int NW>
 void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
   int splits = 0;
   bool early = true;
-  int stages = 0;
-  const int forced = forced_kernel(splits, early, stages);
-  if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages)) return;
+  int stages = 0, boxes = 1;
+  const int forced = forced_kernel(splits, early, stages, boxes);
+  if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
   const bool splitk = forced == 1 ? p.m <= 64 : forced == -1 && qkv && p.m > 32 && p.m <= 64;
   bool done = false;
   if (splitk) {

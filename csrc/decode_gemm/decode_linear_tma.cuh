@@ -38,6 +38,7 @@ constexpr int kTmaMaxStages = 8;
 constexpr int kTmaMaxSplits = 8;       // the portable cluster size
 constexpr int kTmaRedStride = kTmaCols + 4;  // floats per x row of the partial tile
 constexpr size_t kTmaSmemBudget = 110 * 1024;  // two CTAs per SM
+constexpr size_t kTmaSmemMax = 227 * 1024;     // an SM's all: two stages of four boxes
 
 struct TmaParams {
   CUtensorMap wmap[kMaxParts];  // NW = 2: the gate's and the up weight's; NW = 1: each part's
@@ -48,7 +49,8 @@ struct TmaParams {
   int early;         // 1: the first stages' weight tiles are issued before pdl_wait
 };
 
-__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx) { return (nw * kTmaCols + mx) * kTmaBK * 2; }
+// A stage: KB 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
+__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -148,10 +150,10 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[32], uint64_t a, uint64_t b
 
 // Grid (column tiles of all parts, S); cluster (1, S, 1): blockIdx.y is the split and the rank in the cluster.
 // MX: x rows held (>= m; the rows past m are TMA's zero fill); NW as decode_linear_kernel's.
-template <typename T, int MX, int NW>
+template <typename T, int MX, int NW, int KB>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int WB = kTmaCols * kTmaBK * 2, SB = tma_stage_bytes(NW, MX);
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * kTmaBK;
   constexpr int R = MX / 2;  // accumulators per thread and weight
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   int n0;
   const int j = tile_part<NW>(p, blockIdx.x, kTmaCols, n0);
   const int n = part_of(p.n, j), split = blockIdx.y, splits = gridDim.y;
-  const int kblocks = (p.k + kTmaBK - 1) / kTmaBK;
+  const int kblocks = (p.k + SK - 1) / SK;  // stages of the whole K
   const int kb0 = split * tp.kb_per_split, nk = max(0, min(kblocks, kb0 + tp.kb_per_split) - kb0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ns; ++s) mbar_init(full + s, 1), mbar_init(empty + s, 4);
@@ -186,9 +188,16 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const auto weights = [&](int i) {
         unsigned char* st = smem + (i % ns) * SB;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) tma_load(st + w * WB, wm[w], (kb0 + i) * kTmaBK, n0, full + i % ns);
+        for (int w = 0; w < NW; ++w)
+#pragma unroll
+          for (int b = 0; b < KB; ++b) tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * kTmaBK, n0, full + i % ns);
       };
-      const auto xs = [&](int i) { tma_load(smem + (i % ns) * SB + NW * WB, &tp.xmap, (kb0 + i) * kTmaBK, 0, full + i % ns); };
+      const auto xs = [&](int i) {
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+          tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * kTmaBK, 0, full + i % ns);
+        }
+      };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
         for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i);
         pdl_wait();
@@ -211,14 +220,19 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const int s = i % ns;
       mbar_wait(full + s, (i / ns) & 1);
       const unsigned char* st = smem + s * SB;
-      const uint64_t xd = smem_desc(st + NW * WB);
 #pragma unroll
       for (int w = 0; w < NW; ++w) fence_regs(acc[w]);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kTmaBK / 16; ++kk) {
+      for (int b = 0; b < KB; ++b) {
+        const uint64_t xd = smem_desc(st + NW * KB * WB + b * XB);
 #pragma unroll
-        for (int w = 0; w < NW; ++w) wgmma_k16<std::is_same_v<T, __nv_bfloat16>>(acc[w], smem_desc(st + w * WB) + 2 * kk, xd + 2 * kk);
+        for (int kk = 0; kk < kTmaBK / 16; ++kk) {
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            wgmma_k16<std::is_same_v<T, __nv_bfloat16>>(acc[w], smem_desc(st + (w * KB + b) * WB) + 2 * kk, xd + 2 * kk);
+          }
+        }
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -361,7 +375,7 @@ inline int tma_splits(int tiles, int kblocks) {
 
 // Launches with S splits (0: tma_splits's choice); false, launching nothing, where this build or driver has no
 // TMA kernel or a map cannot be encoded.
-template <typename T, int MX, int NW>
+template <typename T, int MX, int NW, int KB>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages) {
   TmaParams tp{};
   tp.p = p;
@@ -370,35 +384,43 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
     if (!weight_map<T>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
   if (!encode_map<T>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  const int kblocks = (p.k + kTmaBK - 1) / kTmaBK;
+  const int kblocks = (p.k + KB * kTmaBK - 1) / (KB * kTmaBK);
   int s = splits > 0 ? std::min({splits, kTmaMaxSplits, kblocks}) : tma_splits(tiles, kblocks);
   tp.kb_per_split = (kblocks + s - 1) / s;
   s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
-  constexpr int SB = tma_stage_bytes(NW, MX);
+  constexpr int SB = tma_stage_bytes(NW, MX, KB);
   tp.stages = static_cast<int>(std::min<size_t>(kTmaMaxStages, (kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / SB));
-  if (stages > 0) tp.stages = std::min(tp.stages, std::max(stages, 2));
+  if (stages > 0) tp.stages = std::min(tp.stages, stages);
+  tp.stages = std::max(tp.stages, 2);  // (big stages: one CTA per SM)
   tp.stages = std::min(tp.stages, std::max(tp.kb_per_split, 2));
   tp.early = early;
   const size_t smem = 1024 + size_t(tp.stages) * SB + 16 * tp.stages;
   static bool opted_in[64] = {};  // the opt-in above 48 KB of shared memory, once per device
   const int dev = c10::cuda::current_device();
   if (!opted_in[dev]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_linear_tma_kernel<T, MX, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kTmaSmemBudget)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_linear_tma_kernel<T, MX, NW, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kTmaSmemMax)));
     opted_in[dev] = true;
   }
-  launch_ex(decode_linear_tma_kernel<T, MX, NW>, dim3(tiles, s), dim3(kTmaThreads), smem, stream, pdl_allowed(90, 'g'),
+  launch_ex(decode_linear_tma_kernel<T, MX, NW, KB>, dim3(tiles, s), dim3(kTmaThreads), smem, stream, pdl_allowed(90, 'g'),
             s, tp);
   return true;
 }
 
+template <typename T, int MX, int NW>
+bool launch_tma_boxes(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes) {
+  if (boxes == 4) return launch_tma_rows<T, MX, NW, 4>(p, stream, splits, early, stages);
+  if (boxes == 2) return launch_tma_rows<T, MX, NW, 2>(p, stream, splits, early, stages);
+  return launch_tma_rows<T, MX, NW, 1>(p, stream, splits, early, stages);
+}
+
 template <typename T, int NW>
-bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early, int stages) {
+bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes) {
   if (!tma_built() || p.m > 64 || p.m < 1) return false;
-  if (p.m <= 8) return launch_tma_rows<T, 8, NW>(p, stream, splits, early, stages);
-  if (p.m <= 16) return launch_tma_rows<T, 16, NW>(p, stream, splits, early, stages);
-  if (p.m <= 32) return launch_tma_rows<T, 32, NW>(p, stream, splits, early, stages);
-  return launch_tma_rows<T, 64, NW>(p, stream, splits, early, stages);
+  if (p.m <= 8) return launch_tma_boxes<T, 8, NW>(p, stream, splits, early, stages, boxes);
+  if (p.m <= 16) return launch_tma_boxes<T, 16, NW>(p, stream, splits, early, stages, boxes);
+  if (p.m <= 32) return launch_tma_boxes<T, 32, NW>(p, stream, splits, early, stages, boxes);
+  return launch_tma_boxes<T, 64, NW>(p, stream, splits, early, stages, boxes);
 }
 
 }  // namespace decode_gemm
