@@ -207,6 +207,13 @@ def missing_cuda_kernel(op: str, device: torch.device) -> str | None:
     return None
 
 
+def has_tma_kernels(device: torch.device) -> bool:
+    """Whether the decode GEMMs' TMA kernel (csrc/decode_gemm/decode_linear_tma.cuh) runs on `device`: the kernels
+    loaded for it and were built for sm_90a (where build() defines FUSEKIT_SM90A)."""
+    return device.type == "cuda" and missing_cuda_kernel("decode_linear", device) is None \
+        and load_for_device().arch == "9.0a"
+
+
 def loaded_state() -> str:
     """What this process can run on CUDA (part of the pass's cache key): a graph compiled where the kernels
     loaded, with or without the CUTLASS ones, is not reused where they did not."""

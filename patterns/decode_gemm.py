@@ -11,10 +11,14 @@ Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Measured again
 Qwen2-style 2.57x at 1 row to 1.37x at 64; at 33-64 rows through the split-K kernel (decode_linear_splitk.cuh;
 results/h100_decode_gemm_splitk_2026-11-24h.md) Llama-style 1.29-1.37x, Qwen2-style 1.41-1.47x. They fire up to 64 rows.
 
-Measured selection (benchmarks/bench_decode_gemm.py, H100, cold weights; results/h100_decode_gemm.md): gate/up
-fires by default up to 8 rows (Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style
-1.06x / 1.04x; 0.96-1.05x at 16 and 32). The plain linear is off by default: cuBLAS was faster at every
-projection and row count (the op 0.43-0.98x); it fires, up to 32 rows, where options={"patterns": [...]} names it.
+Measured selection. Where the TMA kernel runs (sm_90a builds, decode_linear_tma.cuh: weight tiles streamed through
+a shared-memory ring by TMA, wgmma, K split over a cluster): every rule, the plain linear included, up to 64 rows
+(H100, Llama-style, op alone, cold weights, results/h100_decode_gemm_tma_2026-11-26.md: at 32 rows down 13.4 ->
+11.5 us, lm_head 52.0 -> 50.0, gate/up with silu 25.6 -> ~21, o 6.5 -> 6.7; at 1-8 rows o 6.3 -> 5.7-5.9).
+Elsewhere (benchmarks/bench_decode_gemm.py, results/h100_decode_gemm.md): gate/up up to 8 rows (Llama-style 1.13x /
+1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style 1.06x / 1.04x; 0.96-1.05x at 16 and 32); the plain
+linear only where options={"patterns": [...]} names it (cuBLAS was faster at every projection, the op 0.43-0.98x),
+up to 32 rows.
 
 Rules: gate/up (longest first), q/k/v with biases, q/k/v, then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
 back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused bias/activation
@@ -28,14 +32,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
+from fusion_backend import _ext
 from fusion_backend import guards as G
 from fusion_backend.registry import Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
-# Rows (batch x new tokens) up to which a rule fires: gate/up measured faster than cuBLAS + Inductor up to 8,
-# q/k/v than cuBLAS's three calls up to 64 (H100, bench_decode_gemm.py, probes/decode_gemm_op.py); the plain linear
-# (off by default) where named, up to 32.
+# Rows (batch x new tokens) up to which a rule fires. Where the decode GEMMs' TMA kernel runs (sm_90a builds:
+# csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
+# at 1-64 rows on the H100 (results/h100_decode_gemm_tma_2026-11-26.md). Elsewhere gate/up measured faster than
+# cuBLAS + Inductor up to 8, q/k/v than cuBLAS's three calls up to 64 (bench_decode_gemm.py, probes/decode_gemm_op.py),
+# and the plain linear (then off by default) up to 32 where named.
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32}
+MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
@@ -76,17 +84,35 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
 
 
+def _tma(t: Tensor) -> bool:
+    return t.device.type == "cuda" and _ext.has_tma_kernels(t.device)
+
+
 def few_rows(x: str, rule: str) -> G.Guard:
-    """Should fire: at most MAX_ROWS[rule] rows (read at each check: a probe may change it). Above it cuBLAS's
-    tiled GEMMs reuse each weight tile across enough rows that the pass over the weight is no longer the whole
-    cost."""
+    """Should fire: at most MAX_ROWS_TMA[rule] rows where the TMA kernel runs, else MAX_ROWS[rule] (read at each
+    check: a probe may change them). Above it cuBLAS's tiled GEMMs reuse each weight tile across enough rows that
+    the pass over the weight is no longer the whole cost."""
     def check(s: G.Site) -> str | None:
-        limit = MAX_ROWS[rule]
         t = s.tensor(x)
+        limit = (MAX_ROWS_TMA if _tma(t) else MAX_ROWS)[rule]
         rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
         return None if known(rows <= limit) else f"{rows} rows (> {limit}): not a decode step's linear"
 
     return G.Guard(f"few_rows({x})", check)
+
+
+def tma_or_named(x: str, pattern_id: str) -> G.Guard:
+    """Should fire (the plain linear on CUDA): where the TMA kernel runs, or where options["patterns"] names the
+    rule. fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection
+    (results/h100_decode_gemm.md: 0.43-0.98x)."""
+    def check(s: G.Site) -> str | None:
+        t = s.tensor(x)
+        if t.device.type != "cuda" or _tma(t) or pattern_id in s.run.options.forced:
+            return None
+        return ("no TMA decode GEMM kernel on this device (sm_90a builds only): cuBLAS measured faster; "
+                f"enable with options={{'patterns': ['{pattern_id}']}}")
+
+    return G.Guard(f"tma_or_named({x})", check)
 
 
 # ---- test inputs: case = (*rows, K, N) with rows [B, S] (3-D x) or [M] (2-D) -------------------------
@@ -116,13 +142,14 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
     weights = ("w", "w2") if gated else ("w",)
     make = _inputs(gated)
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
+    pid = f"decode_gemm.{name}{'' if rank == 3 else '_2d'}"
     return Pattern(
-        f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_linear_ref, op="decode_linear",
-        cuda_default=gated,
+        pid, reference=decode_linear_ref, op="decode_linear",
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
         gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name)),
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name),
+                *(() if gated else (tma_or_named("x", pid),))),
     )
 
 

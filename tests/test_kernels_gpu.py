@@ -290,6 +290,8 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     case = p.gpu_cases[0] if p.id.startswith("decode.") else p.cases[-1]
     args = p.make_args(case, dtype, "cuda")
     by_default = p.on_by_default(dtype) and args[0].numel() >= p.min_numel(dtype)  # small cases: name it
+    if p.id.startswith("decode_gemm.linear") and not _ext.has_tma_kernels(args[0].device):
+        by_default = False  # on by default only where the TMA kernel runs (decode_gemm.tma_or_named)
     rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
     if p.op == "matmul_epilogue" and dtype == torch.float32 and not p.static["linear"] \
             and args[1].stride(-2) != 1:  # TF32 takes a K-major b only (batched_matmul.tf32_allowed)
@@ -532,7 +534,7 @@ def test_matmul_output_cast_and_tf32():
 def _decode_gemm_kernel(choice: str):
     """decode_linear / decode_qkv's kernel for the calls inside (FUSEKIT_DECODE_GEMM, read at each launch): "old"
     (decode_linear_kernel), "splitk" (the split-K kernel where it fits) or "splitk:S" (S splits of K), "tma" /
-    "tma:S" (the TMA kernel, sm_90a builds; elsewhere the measured selection), "tmalate" (no early weight tiles)."""
+    "tma:S:N:B" (the TMA kernel, sm_90a builds; elsewhere the measured selection), "tmaearly" (early weight tiles)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FUSEKIT_DECODE_GEMM", choice)
         yield
@@ -540,7 +542,7 @@ def _decode_gemm_kernel(choice: str):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("choice", ["old", "splitk", "splitk:1", "splitk:2", "splitk:3", "splitk:8", "tma", "tma:1",
-                                    "tma:3", "tma:8", "tmalate"],
+                                    "tma:3", "tma:8", "tma:0:0:2", "tmaearly"],
                          ids=lambda c: c.replace(":", ""))
 def test_decode_gemm_kernels_rows_splits_and_tails(dtype, choice):
     """Each decode GEMM kernel and K split (the split-K kernel's x row tiles of 8/16/32/64 rows, clusters of 1-8

@@ -1,31 +1,39 @@
-"""The decode GEMM kernels in a decode step (issue #23): the Llama-style step replayed as a CUDA graph, Inductor,
-fusekit as it ships, and fusekit with every decode linear of the step on a fusekit kernel (the plain-linear rule
-on, gate/up up to 64 rows: patterns.decode_gemm.MAX_ROWS, read at each match) under each FUSEKIT_DECODE_GEMM
-value (read at each launch, so every variant's graph is captured in one process and the logits compared).
+"""The decode GEMM selection in a decode step (issue #23): the Llama-style step replayed as a CUDA graph, Inductor,
+fusekit with the previous selection (the plain-linear rule off, gate/up up to 8 rows, decode_linear_kernel:
+FUSEKIT_DECODE_GEMM=old, read at each launch) and fusekit as it is now (the TMA kernel on sm_90a: every decode
+linear up to 64 rows), plus each FUSEKIT_DECODE_GEMM value given, all captured in one process, logits compared.
 
-    python benchmarks/probes/decode_gemm_step.py --batches 32,8 --position 1024 --variants default,tma,tmalate
+    python benchmarks/probes/decode_gemm_step.py --batches 32,8 --position 1024 --variants tmaearly
 """
 import argparse
+import contextlib
 import os
 import statistics
 
 import torch
 from triton.testing import do_bench
 
+from fusion_backend import table
 from fusion_backend.backend import backend as fusekit_backend
 from fusion_backend.patterns import decode_gemm
 from fusion_backend.tools.cuda_graphs import capture_output
 from fusion_backend.tools.decode_bench import Step
 
 
-
-def all_linears(on: bool) -> None:
-    """The plain decode-linear rules on by default (off as shipped), gate/up and plain linears up to 64 rows
-    (options={"patterns": [...]} would also lift the other rules' size thresholds)."""
-    from fusion_backend import table
-    for pid in ("decode_gemm.linear", "decode_gemm.linear_2d"):
-        object.__setattr__(table.by_id(pid), "cuda_default", on)
-    decode_gemm.MAX_ROWS.update(gate_up_silu=64 if on else 8, linear=64 if on else 32)
+@contextlib.contextmanager
+def previous_rules():
+    """The rules as before the TMA kernel: the plain linear off by default, gate/up up to 8 rows."""
+    saved = dict(decode_gemm.MAX_ROWS_TMA)
+    decode_gemm.MAX_ROWS_TMA.update(decode_gemm.MAX_ROWS)
+    ids = ("decode_gemm.linear", "decode_gemm.linear_2d")
+    for pid in ids:
+        object.__setattr__(table.by_id(pid), "cuda_default", False)
+    try:
+        yield
+    finally:
+        decode_gemm.MAX_ROWS_TMA.update(saved)
+        for pid in ids:
+            object.__setattr__(table.by_id(pid), "cuda_default", True)
 
 
 def main():
@@ -34,7 +42,7 @@ def main():
     ap.add_argument("--batches", default="32,8")
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="default,tma", help="FUSEKIT_DECODE_GEMM values for the all-linears graph")
+    ap.add_argument("--variants", default="", help="more FUSEKIT_DECODE_GEMM values for the current graph")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     torch._inductor.config.fx_graph_cache = False  # its key does not see the rule settings changed here
@@ -44,21 +52,22 @@ def main():
             torch._dynamo.reset()
             st = Step(a.model, "cuda", b, 4096)
             st.at(a.position)
-            fns = {"inductor": torch.compile(st.model), "fusekit": torch.compile(st.model, backend=fusekit_backend())}
-            for name, fn in fns.items():
+            fns = {"inductor": torch.compile(st.model)}
+            with previous_rules():
+                fns["previous"] = torch.compile(st.model, backend=fusekit_backend())
                 st.restore()
-                st(fn)
-            all_linears(True)
-            allfn = torch.compile(st.model, backend=fusekit_backend())
-            st.restore()
-            st(allfn)
-            all_linears(False)
-            variants = [("inductor", fns["inductor"], None), ("fusekit (shipped)", fns["fusekit"], None)]
-            variants += [(f"fusekit all linears, {v}", allfn, v) for v in a.variants.split(",")]
+                st(fns["previous"])
+            fns["fusekit"] = torch.compile(st.model, backend=fusekit_backend())
+            for name in ("inductor", "fusekit"):
+                st.restore()
+                st(fns[name])
+            variants = [("inductor", fns["inductor"], None), ("fusekit, previous selection", fns["previous"], "old"),
+                        ("fusekit", fns["fusekit"], None)]
+            variants += [(f"fusekit, {v}", fns["fusekit"], v) for v in a.variants.split(",") if v]
             graphs = {}
             for name, fn, v in variants:
                 os.environ.pop("FUSEKIT_DECODE_GEMM", None)
-                if v not in (None, "default"):
+                if v is not None:
                     os.environ["FUSEKIT_DECODE_GEMM"] = v
                 st.restore()
                 graphs[name] = capture_output(st.repeated(fn))
@@ -70,7 +79,8 @@ def main():
                 g.replay()
                 outs[name] = out.float().clone()
             for name in outs:
-                print(f"b{b} {name}: max |logits - inductor| {(outs[name] - outs['inductor']).abs().max().item():.3g}", flush=True)
+                print(f"b{b} {name}: max |logits - inductor| {(outs[name] - outs['inductor']).abs().max().item():.3g}",
+                      flush=True)
             times = {k: [] for k in graphs}
             for _ in range(a.rounds):
                 for name, (g, _) in graphs.items():
@@ -78,7 +88,7 @@ def main():
             for name, ts in times.items():
                 rows.append((b, name, statistics.median(ts), min(ts), max(ts)))
                 print(f"  b{b} {name}: {statistics.median(ts):.4f} ms", flush=True)
-            del graphs, fns, allfn, st
+            del graphs, fns, st
             torch.cuda.empty_cache()
     print(f"\n| batch | step | ms (median of {a.rounds} rounds) | min | max |")
     print("|---|---|---|---|---|")

@@ -247,13 +247,12 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
 
 // FUSEKIT_DECODE_GEMM (tests and A/Bs; read at each launch, so at a CUDA graph's capture): "old" forces
 // decode_linear_kernel, "splitk" the split-K kernel wherever it fits (1-64 rows), "splitk:S" with S splits of K,
-// "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B" the TMA kernel (1-64 rows, sm_90a builds; N stages of B k boxes in its
-// ring, B 1 or 4), "tmalate..." that
-// kernel with no weight tile issued before pdl_wait. Returns -1 (unset: the measured selection), 0 (old), 1
-// (split-K) or 2 (TMA), S and N (0: the kernel's own choice).
+// "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B" the TMA kernel (1-64 rows, sm_90a builds; S splits, N stages of B k
+// boxes, B 1 or 2; 0: its own choice), "tmaearly..." that kernel with the first weight tiles issued before pdl_wait.
+// Returns -1 (unset: the measured selection), 0 (old), 1 (split-K) or 2 (TMA).
 inline int forced_kernel(int& splits, bool& early, int& stages, int& boxes) {
   const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
-  splits = 0, early = true, stages = 0, boxes = 1;
+  splits = 0, early = false, stages = 0, boxes = 1;
   if (e == nullptr) return -1;
   if (std::strncmp(e, "old", 3) == 0) return 0;
   const auto with_splits = [&](int len, int kind) {
@@ -267,22 +266,31 @@ inline int forced_kernel(int& splits, bool& early, int& stages, int& boxes) {
     return kind;
   };
   if (std::strncmp(e, "splitk", 6) == 0) return with_splits(6, 1);
-  if (std::strncmp(e, "tmalate", 7) == 0) return early = false, with_splits(7, 2);
+  if (std::strncmp(e, "tmaearly", 8) == 0) return early = true, with_splits(8, 2);
   if (std::strncmp(e, "tma", 3) == 0) return with_splits(3, 2);
   return -1;
 }
 
-// Every launch of decode_linear and decode_qkv. Measured selection (H100, cold weights, op alone against
-// cuBLAS; results/h100_decode_gemm_splitk_2026-11-24h.md): the split-K kernel for q/k/v at 33-64 rows (Llama-style
-// 17.7 -> 13.0-13.7 us, decode_linear_kernel 20.8-23.0; Qwen2-style 15.1 -> 10.3-10.7), decode_linear_kernel
-// elsewhere: at 1-32 rows it was as fast or faster, and no kernel here beat cuBLAS on the plain o/down linears.
+// Whether the measured selection takes the TMA kernel (sm_90a builds): every plain linear of 1-64 rows, gate/up
+// at 9-64 and q/k/v at 17-64 (below those decode_linear_kernel was as fast). H100, Llama-style, op alone, cold
+// weights, us (results/h100_decode_gemm_tma_2026-11-26.md), cuBLAS -> TMA at 32 rows: o 6.5 -> 6.7, down 13.4 ->
+// 11.5, lm_head 52.0 -> 50.0; gate/up with silu (cuBLAS + Inductor 25.6) 22.5 -> ~21; q+k+v decode_linear_kernel
+// 10.1 -> 8.0; at 1 and 8 rows o 6.3 -> 5.7-5.9, down 12.6 -> 10.8.
+inline bool tma_selected(int m, int nw, bool qkv) {
+  if (!tma_built() || m > 64) return false;
+  return qkv ? m > 16 : nw == 2 ? m > 8 : true;
+}
+
+// Every launch of decode_linear and decode_qkv. Measured selection (H100, cold weights, op alone): the TMA kernel
+// where tma_selected says; else the split-K kernel for q/k/v at 33-64 rows (Llama-style 17.7 -> 13.0-13.7 us,
+// decode_linear_kernel 20.8-23.0; results/h100_decode_gemm_splitk_2026-11-24h.md), decode_linear_kernel elsewhere.
 template <typename T, int NW>
 void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
-  int splits = 0;
-  bool early = true;
-  int stages = 0, boxes = 1;
+  int splits = 0, stages = 0, boxes = 1;
+  bool early = false;
   const int forced = forced_kernel(splits, early, stages, boxes);
-  if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
+  const bool tma = forced == 2 || (forced == -1 && tma_selected(p.m, NW, qkv));
+  if (tma && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
   const bool splitk = forced == 1 ? p.m <= 64 : forced == -1 && qkv && p.m > 32 && p.m <= 64;
   bool done = false;
   if (splitk) {

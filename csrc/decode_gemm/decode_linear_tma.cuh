@@ -49,7 +49,7 @@ struct TmaParams {
   int early;         // 1: the first stages' weight tiles are issued before pdl_wait
 };
 
-// A stage: KB 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
+// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
 __host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -358,23 +358,44 @@ bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
   return true;
 }
 
-// K split: S in [1, 8] minimizing the waves of CTAs (two per SM) times each one's k blocks plus a fixed cost of
-// ~3 blocks (the ring's first fill, the cluster's barriers and reduction).
-inline int tma_splits(int tiles, int kblocks) {
-  const int slots = 2 * sm_count();
-  int best = 1;
-  int64_t best_cost = INT64_MAX;
-  for (int s = 1; s <= kTmaMaxSplits && s <= kblocks; ++s) {
-    const int per = (kblocks + s - 1) / s;
-    if ((kblocks + per - 1) / per < s) continue;  // an empty split
-    const int64_t cost = (int64_t(tiles) * s + slots - 1) / slots * (per + 3);
-    if (cost < best_cost) best = s, best_cost = cost;
-  }
-  return best;
+// Stages of the ring: 3 unless asked (A/Bs), at least 2, at most one per k block of a split. Three measured best
+// on an H100 (results/h100_decode_gemm_tma_2026-11-26.md): more CTAs per SM (three of gate/up, six of a plain
+// linear at 32 rows) rather than more bytes in flight per CTA.
+inline int tma_stages(int asked, int per, int stage_bytes) {
+  const int fit = static_cast<int>((kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / stage_bytes);
+  return std::max(2, std::min({asked > 0 ? asked : 3, fit, kTmaMaxStages, std::max(per, 2)}));
 }
 
-// Launches with S splits (0: tma_splits's choice); false, launching nothing, where this build or driver has no
-// TMA kernel or a map cannot be encoded.
+inline size_t tma_smem(int stages, int stage_bytes) { return 1024 + size_t(stages) * stage_bytes + 16 * stages; }
+
+// How many clusters of S CTAs with this shared memory the GPU holds at once (the occupancy API knows how the
+// SMs group into GPCs, which a cluster cannot span); cached per (device, kernel instance, S, bytes).
+template <typename K>
+int tma_max_clusters(K* kernel, int s, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, size_t>, int> cache;
+  const int dev = c10::cuda::current_device();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, s, smem);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, s), cfg.blockDim = dim3(kTmaThreads), cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = s, attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr, cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();
+    n = std::max(1, 2 * sm_count() / s);  // (two CTAs per SM, no GPC bound)
+  }
+  return cache.emplace(key, n).first->second;
+}
+
+// Launches with S splits of K (0: the cheapest S in [1, 8]: the waves of clusters the GPU holds at once times each
+// CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction); H100, 32 rows:
+// q+k+v 5 splits, gate/up 4, o and down 8, each within ~0.2 us of the best forced split); false, launching
+// nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
 template <typename T, int MX, int NW, int KB>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages) {
   TmaParams tp{};
@@ -384,32 +405,36 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
     if (!weight_map<T>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
   if (!encode_map<T>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  const int kblocks = (p.k + KB * kTmaBK - 1) / (KB * kTmaBK);
-  int s = splits > 0 ? std::min({splits, kTmaMaxSplits, kblocks}) : tma_splits(tiles, kblocks);
-  tp.kb_per_split = (kblocks + s - 1) / s;
-  s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
-  constexpr int SB = tma_stage_bytes(NW, MX, KB);
-  tp.stages = static_cast<int>(std::min<size_t>(kTmaMaxStages, (kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / SB));
-  if (stages > 0) tp.stages = std::min(tp.stages, stages);
-  tp.stages = std::max(tp.stages, 2);  // (big stages: one CTA per SM)
-  tp.stages = std::min(tp.stages, std::max(tp.kb_per_split, 2));
-  tp.early = early;
-  const size_t smem = 1024 + size_t(tp.stages) * SB + 16 * tp.stages;
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB>;
   static bool opted_in[64] = {};  // the opt-in above 48 KB of shared memory, once per device
   const int dev = c10::cuda::current_device();
   if (!opted_in[dev]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_linear_tma_kernel<T, MX, NW, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kTmaSmemMax)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTmaSmemMax)));
     opted_in[dev] = true;
   }
-  launch_ex(decode_linear_tma_kernel<T, MX, NW, KB>, dim3(tiles, s), dim3(kTmaThreads), smem, stream, pdl_allowed(90, 'g'),
-            s, tp);
+  constexpr int SB = tma_stage_bytes(NW, MX, KB);
+  const int kblocks = (p.k + KB * kTmaBK - 1) / (KB * kTmaBK);
+  int s = std::min({splits, kTmaMaxSplits, kblocks});
+  if (splits <= 0) {
+    int64_t best_cost = INT64_MAX;
+    for (int c = 1; c <= kTmaMaxSplits && c <= kblocks; ++c) {
+      const int per = (kblocks + c - 1) / c;
+      if ((kblocks + per - 1) / per < c) continue;  // an empty split
+      const int held = tma_max_clusters(kernel, c, tma_smem(tma_stages(stages, per, SB), SB));
+      const int64_t cost = int64_t(tiles + held - 1) / held * (per + 3);
+      if (cost < best_cost) s = c, best_cost = cost;
+    }
+  }
+  tp.kb_per_split = (kblocks + s - 1) / s;
+  s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
+  tp.stages = tma_stages(stages, tp.kb_per_split, SB);
+  tp.early = early;
+  launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB), stream, pdl_allowed(90, 'g'), s, tp);
   return true;
 }
 
 template <typename T, int MX, int NW>
 bool launch_tma_boxes(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes) {
-  if (boxes == 4) return launch_tma_rows<T, MX, NW, 4>(p, stream, splits, early, stages);
   if (boxes == 2) return launch_tma_rows<T, MX, NW, 2>(p, stream, splits, early, stages);
   return launch_tma_rows<T, MX, NW, 1>(p, stream, splits, early, stages);
 }
