@@ -289,8 +289,13 @@ void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false
   int splits = 0, stages = 0, boxes = 1;
   bool early = false;
   const int forced = forced_kernel(splits, early, stages, boxes);
-  const bool tma = forced == 2 || (forced == -1 && tma_selected(p.m, NW, qkv));
-  if (tma && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
+  if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
+  // In a step (benchmarks/probes/decode_gemm_step.py, H100, Llama-style @1024, CUDA graphs): above 8 rows the
+  // first weight tiles issued before pdl_wait and at most 4 splits (b32 0.867 -> 0.844 ms, b64 1.173 -> 1.163);
+  // at 1-8 rows neither (b1 0.573 against 0.578-0.589, b8 0.647 against 0.644-0.660).
+  if (forced == -1 && tma_selected(p.m, NW, qkv) && launch_tma<T, NW>(p, stream, 0, p.m > 8, 0, 1, p.m > 8 ? 4 : kTmaMaxSplits)) {
+    return;
+  }
   const bool splitk = forced == 1 ? p.m <= 64 : forced == -1 && qkv && p.m > 32 && p.m <= 64;
   bool done = false;
   if (splitk) {

@@ -392,12 +392,11 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
   return cache.emplace(key, n).first->second;
 }
 
-// Launches with S splits of K (0: the cheapest S in [1, 8]: the waves of clusters the GPU holds at once times each
-// CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction); H100, 32 rows:
-// q+k+v 5 splits, gate/up 4, o and down 8, each within ~0.2 us of the best forced split); false, launching
-// nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
+// Launches with S splits of K (0: the cheapest S in [1, max_splits]: the waves of clusters the GPU holds at once
+// times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
+// launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
 template <typename T, int MX, int NW, int KB>
-bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages) {
+bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits) {
   TmaParams tp{};
   tp.p = p;
   const int tiles = set_tile_ends(tp.p, kTmaCols);
@@ -417,7 +416,7 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   int s = std::min({splits, kTmaMaxSplits, kblocks});
   if (splits <= 0) {
     int64_t best_cost = INT64_MAX;
-    for (int c = 1; c <= kTmaMaxSplits && c <= kblocks; ++c) {
+    for (int c = 1; c <= max_splits && c <= kblocks; ++c) {
       const int per = (kblocks + c - 1) / c;
       if ((kblocks + per - 1) / per < c) continue;  // an empty split
       const int held = tma_max_clusters(kernel, c, tma_smem(tma_stages(stages, per, SB), SB));
@@ -434,18 +433,20 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
 }
 
 template <typename T, int MX, int NW>
-bool launch_tma_boxes(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes) {
-  if (boxes == 2) return launch_tma_rows<T, MX, NW, 2>(p, stream, splits, early, stages);
-  return launch_tma_rows<T, MX, NW, 1>(p, stream, splits, early, stages);
+bool launch_tma_boxes(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes,
+                      int max_splits) {
+  if (boxes == 2) return launch_tma_rows<T, MX, NW, 2>(p, stream, splits, early, stages, max_splits);
+  return launch_tma_rows<T, MX, NW, 1>(p, stream, splits, early, stages, max_splits);
 }
 
 template <typename T, int NW>
-bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes) {
+bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes,
+                int max_splits = kTmaMaxSplits) {
   if (!tma_built() || p.m > 64 || p.m < 1) return false;
-  if (p.m <= 8) return launch_tma_boxes<T, 8, NW>(p, stream, splits, early, stages, boxes);
-  if (p.m <= 16) return launch_tma_boxes<T, 16, NW>(p, stream, splits, early, stages, boxes);
-  if (p.m <= 32) return launch_tma_boxes<T, 32, NW>(p, stream, splits, early, stages, boxes);
-  return launch_tma_boxes<T, 64, NW>(p, stream, splits, early, stages, boxes);
+  if (p.m <= 8) return launch_tma_boxes<T, 8, NW>(p, stream, splits, early, stages, boxes, max_splits);
+  if (p.m <= 16) return launch_tma_boxes<T, 16, NW>(p, stream, splits, early, stages, boxes, max_splits);
+  if (p.m <= 32) return launch_tma_boxes<T, 32, NW>(p, stream, splits, early, stages, boxes, max_splits);
+  return launch_tma_boxes<T, 64, NW>(p, stream, splits, early, stages, boxes, max_splits);
 }
 
 }  // namespace decode_gemm
