@@ -46,7 +46,7 @@ if [[ " $PHASES " == *" bench "* ]]; then
 fi
 if [[ " $PHASES " == *" san "* ]] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 60 ]; then
   timeout "$(left)" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernels_gpu.py -k "rows_splits and dtype1 and (tma3 or tma8 or tma002 or tmaearly)" > "$OUT/memcheck.log" 2>&1
+    tests/test_kernels_gpu.py -k "${SAN_K:-rows_splits and dtype1 and (tma3 or tma8 or tma002 or tmaearly)}" > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
 fi
 (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)
