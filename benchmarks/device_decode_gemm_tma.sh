@@ -3,7 +3,7 @@
 # decode GEMM kernel tests (every kernel and K split, the TMA kernel's own), the ops alone against cuBLAS
 # (benchmarks/probes/decode_gemm_op.py: the previous kernels, the selection, tmaearly), the Llama-style step with every
 # previous selection against the current one (benchmarks/probes/decode_gemm_step.py), memcheck over the TMA tests.
-# Also "dtests" (tests/test_decode_gpu.py), "suite" (the rest of the GPU suite), "bench" (fusekit bench --phase
+# Also "dtests" (tests/test_decode_gpu.py), "suite" (the GPU suite but test_decode_gpu.py), "compile" (bench_compile.py), "bench" (fusekit bench --phase
 # decode, Llama-style @1024, BENCH_BATCHES). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, DEADLINE (s). Logs under $OUT.
 set -uo pipefail
 T0=$(date +%s)
@@ -24,7 +24,7 @@ if [[ " $PHASES " == *" dtests "* ]]; then  # the decode GPU tests (attention, r
 fi
 if [[ " $PHASES " == *" suite "* ]]; then  # the rest of the GPU suite
   timeout "$(left)" python3 -m pytest -q -p no:cacheprovider tests -m "gpu and not packaging" --deselect tests/test_decode_gpu.py \
-    -k "not (decode_gemm or decode_linear or decode_qkv or tma)" > "$OUT/pytest_suite.log" 2>&1
+    > "$OUT/pytest_suite.log" 2>&1
   echo "rest of the GPU suite: $(tail -1 "$OUT/pytest_suite.log")" | tee -a "$OUT/gpu.txt"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_suite.log" | head -20
 fi
@@ -43,6 +43,11 @@ if [[ " $PHASES " == *" bench "* ]]; then
   timeout "$(left)" fusekit bench --phase decode --models llama --batches "${BENCH_BATCHES:-1,32}" --positions 1024 \
     --no-generate --out "$OUT/decode" 2>&1 | grep -v -i warn > "$OUT/decode.log"
   grep "^|" "$OUT/decode/decode.md" | head -12
+fi
+if [[ " $PHASES " == *" compile "* ]]; then  # first-call compile times, medians of 3, Inductor and fusekit alternating
+  timeout "$(left)" python3 benchmarks/bench_compile.py --models llama --phases decode --modes reduce-overhead \
+    --batches 32,1 --rounds 3 --out "$OUT/compile" 2>&1 | grep -v -i warn > "$OUT/compile.log"
+  grep "^|" "$OUT/compile.log" | tail -6
 fi
 if [[ " $PHASES " == *" san "* ]] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 60 ]; then
   timeout "$(left)" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
