@@ -22,6 +22,8 @@
 // and were taken out; 16 columns came back for decode_qkv at 17-32 rows (launch_rows' wide), where the
 // activations that every column tile reads cost more than at a few rows.
 #pragma once
+#include <cooperative_groups.h>
+
 #include "fusekit.h"
 
 namespace fusekit {
@@ -101,6 +103,60 @@ template <typename T>
 __device__ __forceinline__ float silu_mul(float gate, float up) {
   return round_to<T>(fast_silu(round_to<T>(gate))) * round_to<T>(up);
 }
+
+// ---- the end of a K split over a thread-block cluster (the split-K and TMA kernels) ----
+constexpr int kTileCols = 64;              // output columns (weight rows) per CTA of both
+constexpr int kRedStride = kTileCols + 4;  // floats per row of a partial tile: the fragment stores hit 32 banks
+constexpr int kMaxClusterSplits = 8;       // the portable cluster size
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// Cluster (1, S, 1), S = gridDim.y, rank = blockIdx.y; each CTA's float32 partial tile of its 64 columns is in its
+// shared memory, weight w's [x row][column] at red + w * R * kRedStride. This CTA sums its share (column pairs
+// rank, rank + S, ... of each row) over the ranks in rank order (deterministic), applies the epilogue (silu-mul of
+// the two weights, or the bias), rounds once and stores; then no CTA leaves while another still reads its memory.
+template <typename T, int NW, int R, int kThreads>
+__device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0, const float* red) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
+  const int split = blockIdx.y, splits = gridDim.y, n = part_of(p.n, j);
+  T* out = static_cast<T*>(part_of(p.out, j));
+  const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
+  const int rows = min(R, p.m);
+  for (int e = split * kThreads + threadIdx.x; e < rows * (kTileCols / 2); e += splits * kThreads) {
+    const int row = e / (kTileCols / 2), col = 2 * (e % (kTileCols / 2));
+    if (n0 + col >= n) continue;  // n is a multiple of 8: both columns in or both out
+    float2 v[NW][kMaxClusterSplits];  // every split's pair loaded first (one round trip), then summed in rank order
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float* mine = red + (w * R + row) * kRedStride + col;
+#pragma unroll
+      for (int q = 0; q < kMaxClusterSplits; ++q) {
+        if (q >= splits) break;
+        v[w][q] = *reinterpret_cast<const float2*>(cluster.map_shared_rank(mine, q));
+      }
+    }
+    float2 s[NW];
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      s[w] = v[w][0];
+#pragma unroll
+      for (int q = 1; q < kMaxClusterSplits; ++q) {
+        if (q >= splits) break;
+        s[w].x += v[w][q].x, s[w].y += v[w][q].y;
+      }
+    }
+    float y0 = s[0].x, y1 = s[0].y;
+    if constexpr (NW == 2) y0 = silu_mul<T>(s[0].x, s[1].x), y1 = silu_mul<T>(s[0].y, s[1].y);
+    if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
+    T* o = out + static_cast<int64_t>(row) * n + n0 + col;
+    o[0] = from_float<T>(y0);
+    o[1] = from_float<T>(y1);
+  }
+  // the reads of other CTAs' memory are done: a relaxed barrier, no release needed
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+#endif
 
 // CTA: 8 warps, 8 NB columns (blockIdx.x) of one part (or of both gated weights), 16*MT rows (blockIdx.y), all
 // of K. NB = 2 halves the column tiles, so x (read by every tile) is read half as often (launch_rows' wide).

@@ -20,8 +20,6 @@
 // decode_linear_kernel, and on the plain o/down projections slower than cuBLAS at every K split. So
 // launch_decode_linear runs it for decode_qkv at 33-64 rows.
 #pragma once
-#include <cooperative_groups.h>
-
 #include <cstdlib>
 #include <cstring>
 
@@ -32,9 +30,9 @@ namespace fusekit {
 namespace decode_gemm {
 
 constexpr int kSkWarps = 4;
-constexpr int kSkCols = 16 * kSkWarps;  // output columns (weight rows) per CTA and weight
-constexpr int kSkMaxSplits = 8;         // the portable cluster size
-constexpr int kRedStride = kSkCols + 4;  // floats per row of the partial tile: the fragment stores hit 32 banks
+constexpr int kSkCols = kTileCols;  // output columns (weight rows) per CTA and weight: 16 per warp
+static_assert(kSkCols == 16 * kSkWarps);
+constexpr int kSkMaxSplits = kMaxClusterSplits;
 
 // Elements per row of x's slice in shared memory: the slice rounded up to 64, plus 32, so rows g and g+1 of one
 // 16-byte-per-lane load are 64 bytes apart modulo 128 (no bank conflict within a quarter warp).
@@ -53,7 +51,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
   T* xs = reinterpret_cast<T*>(smem);  // [R][x_stride]; after the products, the partial tile (red)
   const int stride = x_stride(chunks_per_split);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int split = blockIdx.y, splits = gridDim.y;
+  const int split = blockIdx.y;
   int n0;
   const int j = tile_part<NW>(p, blockIdx.x, kSkCols, n0);  // the part this CTA's columns belong to
   const int n = part_of(p.n, j);
@@ -147,46 +145,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) decode_linear_splitk_kernel(con
       r0[kRedStride + 8] = acc[w][i][3];
     }
 
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
-
-  // this CTA's share of the tile: column pairs [split, R * 32) step splits, summed over the splits in rank order
-  T* out = static_cast<T*>(part_of(p.out, j));
-  const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
-  const int rows = min(R, p.m);
-  for (int e = split * kSkWarps * 32 + threadIdx.x; e < rows * (kSkCols / 2); e += splits * kSkWarps * 32) {
-    const int row = e / (kSkCols / 2), col = 2 * (e % (kSkCols / 2));
-    if (n0 + col >= n) continue;  // n is a multiple of 8: both columns in or both out
-    float2 v[NW][kSkMaxSplits];  // every split's pair loaded first (one round trip), then summed in rank order
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float* mine = red + (w * R + row) * kRedStride + col;
-#pragma unroll
-      for (int q = 0; q < kSkMaxSplits; ++q) {
-        if (q >= splits) break;
-        v[w][q] = *reinterpret_cast<const float2*>(cluster.map_shared_rank(mine, q));
-      }
-    }
-    float2 s[NW];
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      s[w] = v[w][0];
-#pragma unroll
-      for (int q = 1; q < kSkMaxSplits; ++q) {
-        if (q >= splits) break;
-        s[w].x += v[w][q].x, s[w].y += v[w][q].y;
-      }
-    }
-    float y0 = s[0].x, y1 = s[0].y;
-    if constexpr (NW == 2) y0 = silu_mul<T>(s[0].x, s[1].x), y1 = silu_mul<T>(s[0].y, s[1].y);
-    if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
-    T* o = out + static_cast<int64_t>(row) * n + n0 + col;
-    o[0] = from_float<T>(y0);
-    o[1] = from_float<T>(y1);
-  }
-  // no CTA leaves while another still reads its shared memory (the reads are done: no release needed)
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+  cluster_sum_store<T, NW, R, kSkWarps * 32>(p, j, n0, red);
 #endif
 }
 

@@ -18,7 +18,6 @@
 // runtime's entry-point query (no libcuda link). Built only where the extension is compiled for sm_90a
 // (FUSEKIT_SM90A); elsewhere tma_built() is false and the other kernels run.
 #pragma once
-#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -31,12 +30,11 @@
 namespace fusekit {
 namespace decode_gemm {
 
-constexpr int kTmaCols = 64;           // weight rows (output columns) per CTA: the wgmma's M
+constexpr int kTmaCols = kTileCols;    // weight rows (output columns) per CTA: the wgmma's M
 constexpr int kTmaBK = 64;             // k per stage: one 128-byte swizzled row of bf16/fp16
 constexpr int kTmaThreads = 160;       // one consumer warpgroup, one producer warp
 constexpr int kTmaMaxStages = 8;
-constexpr int kTmaMaxSplits = 8;       // the portable cluster size
-constexpr int kTmaRedStride = kTmaCols + 4;  // floats per x row of the partial tile
+constexpr int kTmaMaxSplits = kMaxClusterSplits;
 constexpr size_t kTmaSmemBudget = 110 * 1024;  // two CTAs per SM
 constexpr size_t kTmaSmemMax = 227 * 1024;     // an SM's all: two stages of four boxes
 
@@ -164,7 +162,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int n0;
   const int j = tile_part<NW>(p, blockIdx.x, kTmaCols, n0);
-  const int n = part_of(p.n, j), split = blockIdx.y, splits = gridDim.y;
+  const int split = blockIdx.y;
   const int kblocks = (p.k + SK - 1) / SK;  // stages of the whole K
   const int kb0 = split * tp.kb_per_split, nk = max(0, min(kblocks, kb0 + tp.kb_per_split) - kb0);
   if (threadIdx.x == 0) {
@@ -253,52 +251,14 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
     for (int w = 0; w < NW; ++w)
 #pragma unroll
       for (int c = 0; c < MX / 8; ++c) {
-        float* r0 = red + (w * MX + 8 * c + xr) * kTmaRedStride + col;
+        float* r0 = red + (w * MX + 8 * c + xr) * kRedStride + col;
         r0[0] = acc[w][4 * c];
-        r0[kTmaRedStride] = acc[w][4 * c + 1];
+        r0[kRedStride] = acc[w][4 * c + 1];
         r0[8] = acc[w][4 * c + 2];
-        r0[kTmaRedStride + 8] = acc[w][4 * c + 3];
+        r0[kRedStride + 8] = acc[w][4 * c + 3];
       }
   }
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
-
-  T* out = static_cast<T*>(part_of(p.out, j));
-  const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
-  const int rows = min(MX, p.m);
-  for (int e = split * kTmaThreads + threadIdx.x; e < rows * (kTmaCols / 2); e += splits * kTmaThreads) {
-    const int row = e / (kTmaCols / 2), col = 2 * (e % (kTmaCols / 2));
-    if (n0 + col >= n) continue;  // n is a multiple of 8: both columns in or both out
-    float2 v[NW][kTmaMaxSplits];  // every split's pair loaded first, then summed in rank order
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float* mine = red + (w * MX + row) * kTmaRedStride + col;
-#pragma unroll
-      for (int q = 0; q < kTmaMaxSplits; ++q) {
-        if (q >= splits) break;
-        v[w][q] = *reinterpret_cast<const float2*>(cluster.map_shared_rank(mine, q));
-      }
-    }
-    float2 s[NW];
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      s[w] = v[w][0];
-#pragma unroll
-      for (int q = 1; q < kTmaMaxSplits; ++q) {
-        if (q >= splits) break;
-        s[w].x += v[w][q].x, s[w].y += v[w][q].y;
-      }
-    }
-    float y0 = s[0].x, y1 = s[0].y;
-    if constexpr (NW == 2) y0 = silu_mul<T>(s[0].x, s[1].x), y1 = silu_mul<T>(s[0].y, s[1].y);
-    if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
-    T* o = out + static_cast<int64_t>(row) * n + n0 + col;
-    o[0] = from_float<T>(y0);
-    o[1] = from_float<T>(y1);
-  }
-  // no CTA leaves while another still reads its shared memory
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+  cluster_sum_store<T, NW, MX, kTmaThreads>(p, j, n0, red);
 #else
   __trap();  // not an sm_90a build: tma_built() is false, never launched
 #endif
