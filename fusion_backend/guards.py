@@ -44,6 +44,12 @@ class Site:
         return self.arg(name)
 
 
+def has_tma_kernels(device: torch.device) -> bool:
+    """Whether the decode GEMMs' TMA kernel runs on `device` (sm_90a builds; _ext.has_tma_kernels): the decode_gemm
+    rules' measured limits depend on it."""
+    return _ext.has_tma_kernels(device)
+
+
 # ---- checks several families share (attention, decode) ---------------------------------------------
 def qkv_problem(names: tuple[str, str, str], tq: Tensor, tk: Tensor, tv: Tensor) -> str | None:
     """q, k, v are 4-D and of one dtype."""

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
-from fusion_backend import _ext
 from fusion_backend import guards as G
 from fusion_backend.registry import Pattern, rand
 
@@ -85,7 +84,7 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
 
 
 def _tma(t: Tensor) -> bool:
-    return t.device.type == "cuda" and _ext.has_tma_kernels(t.device)
+    return t.device.type == "cuda" and G.has_tma_kernels(t.device)
 
 
 def few_rows(x: str, rule: str) -> G.Guard:
