@@ -1,23 +1,21 @@
 """The decode GEMM selection in a decode step (issue #23): the Llama-style step replayed as a CUDA graph, Inductor,
 fusekit with the previous selection (the plain-linear rule off, gate/up up to 8 rows, decode_linear_kernel:
 FUSEKIT_DECODE_GEMM=old, read at each launch) and fusekit as it is now (the TMA kernel on sm_90a: every decode
-linear up to 64 rows), plus each FUSEKIT_DECODE_GEMM value given, all captured in one process, logits compared.
+linear up to 64 rows), plus each variant given (a FUSEKIT_DECODE_GEMM value, or VAR=value for another of
+fusekit's launch switches, e.g. FUSEKIT_DECODE_ATTN=grid), all captured in one process, logits compared.
 
-    python benchmarks/probes/decode_gemm_step.py --batches 32,8 --position 1024 --variants tmaearly
+    python benchmarks/probes/decode_gemm_step.py --batches 32,8 --position 1024 --variants tmaearly,FUSEKIT_DECODE_ATTN=grid
 """
 import argparse
 import contextlib
-import os
 import statistics
 
 import torch
-from triton.testing import do_bench
 
 from fusion_backend import table
 from fusion_backend.backend import backend as fusekit_backend
 from fusion_backend.patterns import decode_gemm
-from fusion_backend.tools.cuda_graphs import capture_output
-from fusion_backend.tools.decode_bench import Step
+from fusion_backend.tools.decode_bench import Step, step_variants
 
 
 @contextlib.contextmanager
@@ -61,34 +59,20 @@ def main():
             for name in ("inductor", "fusekit"):
                 st.restore()
                 st(fns[name])
-            variants = [("inductor", fns["inductor"], None), ("fusekit, previous selection", fns["previous"], "old"),
-                        ("fusekit", fns["fusekit"], None)]
-            variants += [(f"fusekit, {v}", fns["fusekit"], v) for v in a.variants.split(",") if v]
-            graphs = {}
-            for name, fn, v in variants:
-                os.environ.pop("FUSEKIT_DECODE_GEMM", None)
-                if v is not None:
-                    os.environ["FUSEKIT_DECODE_GEMM"] = v
-                st.restore()
-                graphs[name] = capture_output(st.repeated(fn))
-            os.environ.pop("FUSEKIT_DECODE_GEMM", None)
-            outs = {}
-            for name, (g, out) in graphs.items():
-                st.restore()
-                st.at(a.position)
-                g.replay()
-                outs[name] = out.float().clone()
+            variants = [("inductor", fns["inductor"], {}),
+                        ("fusekit, previous selection", fns["previous"], {"FUSEKIT_DECODE_GEMM": "old"}),
+                        ("fusekit", fns["fusekit"], {})]
+            for v in filter(None, a.variants.split(",")):
+                var, _, value = v.rpartition("=")
+                variants.append((f"fusekit, {v}", fns["fusekit"], {var or "FUSEKIT_DECODE_GEMM": value}))
+            times, outs, noise = step_variants(st, variants, a.rounds)
             for name in outs:
-                print(f"b{b} {name}: max |logits - inductor| {(outs[name] - outs['inductor']).abs().max().item():.3g}",
-                      flush=True)
-            times = {k: [] for k in graphs}
-            for _ in range(a.rounds):
-                for name, (g, _) in graphs.items():
-                    times[name].append(do_bench(g.replay, warmup=25, rep=200, return_mode="median"))
+                print(f"b{b} {name}: max |logits - inductor| {(outs[name] - outs['inductor']).abs().max().item():.3g} "
+                      f"(two replays differ by {noise[name]:.3g})", flush=True)
             for name, ts in times.items():
                 rows.append((b, name, statistics.median(ts), min(ts), max(ts)))
                 print(f"  b{b} {name}: {statistics.median(ts):.4f} ms", flush=True)
-            del graphs, fns, st
+            del fns, st
             torch.cuda.empty_cache()
     print(f"\n| batch | step | ms (median of {a.rounds} rounds) | min | max |")
     print("|---|---|---|---|---|")

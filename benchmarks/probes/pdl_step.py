@@ -7,15 +7,12 @@ Triton kernels is read at import (TORCHINDUCTOR_ENABLE_PDL): run the probe once 
     TORCHINDUCTOR_ENABLE_PDL=1 python benchmarks/probes/pdl_step.py --batches 32,1 --position 1024 --variants 0,ag
 """
 import argparse
-import os
 import statistics
 
 import torch
-from triton.testing import do_bench
 
 from fusion_backend.backend import backend as fusekit_backend
-from fusion_backend.tools.cuda_graphs import capture_output
-from fusion_backend.tools.decode_bench import Step
+from fusion_backend.tools.decode_bench import Step, step_variants
 
 
 def main():
@@ -39,37 +36,18 @@ def main():
             for fn in fns.values():
                 st.restore()
                 st(fn)
-            graphs = {}
-            variants = [("inductor", fns["inductor"], "1")]
-            variants += [(f"fusekit, FUSEKIT_PDL={v}", fns["fusekit"], v) for v in a.variants.split(",")]
-            for name, fn, pdl in variants:
-                os.environ["FUSEKIT_PDL"] = pdl  # read by fusekit's launches during the capture
-                st.restore()
-                graphs[name] = capture_output(st.repeated(fn))
-                assert graphs[name][0] is not None, "the step could not be captured"
-            os.environ.pop("FUSEKIT_PDL")
-            outs, noise = {}, {}
-            for name, (g, out) in graphs.items():  # each from the same cache state, twice
-                got = []
-                for _ in range(2):
-                    st.restore()
-                    st.at(a.position)
-                    g.replay()
-                    got.append(out.float().clone())
-                outs[name], noise[name] = got[0], (got[0] - got[1]).abs().max().item()
+            variants = [("inductor", fns["inductor"], {})]
+            variants += [(f"fusekit, FUSEKIT_PDL={v}", fns["fusekit"], {"FUSEKIT_PDL": v}) for v in a.variants.split(",")]
+            times, outs, noise = step_variants(st, variants, a.rounds)
             fk = [k for k in outs if k != "inductor"]
             pdl_diff = max((outs[k] - outs[fk[0]]).abs().max().item() for k in fk)
             diff = (outs[fk[-1]] - outs["inductor"]).abs().max().item()
             print(f"b{b}: max |replay 1 - replay 2| {noise}; max |fusekit variant - {fk[0]}| {pdl_diff:.3g}; "
                   f"max |fusekit - inductor| {diff:.3g}", flush=True)
             same = pdl_diff <= max(noise.values()) or pdl_diff == 0
-            times = {k: [] for k in graphs}
-            for _ in range(a.rounds):
-                for name, (g, _) in graphs.items():
-                    times[name].append(do_bench(g.replay, warmup=25, rep=200, return_mode="median"))
             for name, ts in times.items():
                 rows.append((b, name, statistics.median(ts), min(ts), max(ts), same))
-            del graphs, fns, st
+            del fns, st
             torch.cuda.empty_cache()
     print(f"\n| batch | Inductor PDL | step | ms (median of {a.rounds} rounds) | min | max |")
     print("|---|---|---|---|---|---|")
