@@ -4,7 +4,7 @@
 # (benchmarks/probes/decode_gemm_op.py: the previous kernels, the selection, tmaearly), the Llama-style step with every
 # previous selection against the current one (benchmarks/probes/decode_gemm_step.py), memcheck over the TMA tests.
 # Also "dtests" (tests/test_decode_gpu.py), "suite" (the GPU suite but test_decode_gpu.py), "compile" (bench_compile.py), "bench" (fusekit bench --phase
-# decode, Llama-style @1024, BENCH_BATCHES), "attn" (bench_decode_attention_graph.py, ATTN_VARIANTS). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, DEADLINE (s). Logs under $OUT.
+# decode, Llama-style @1024, BENCH_BATCHES). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, DEADLINE (s). Logs under $OUT.
 set -uo pipefail
 T0=$(date +%s)
 . benchmarks/device_setup.sh
@@ -38,10 +38,6 @@ if [[ " $PHASES " == *" step "* ]]; then
     2>&1 | grep -v -i warn > "$OUT/step.log"
   grep "max |logits\|^|" "$OUT/step.log" | tail -20
   grep -i "error\|Traceback" "$OUT/step.log" | head -5
-fi
-if [[ " $PHASES " == *" attn "* ]]; then  # decode_attention alone, 8 layers in a graph, FUSEKIT_DECODE_ATTN variants
-  timeout "$(left)" python3 benchmarks/bench_decode_attention_graph.py --variants "${ATTN_VARIANTS:-grid}" \
-    2>&1 | grep -v -i warn | tee "$OUT/attn.md" | grep "^|"
 fi
 if [[ " $PHASES " == *" bench "* ]]; then
   timeout "$(left)" fusekit bench --phase decode --models llama --batches "${BENCH_BATCHES:-1,32}" --positions 1024 \

@@ -134,27 +134,6 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
         torch.testing.assert_close(replayed, op(q, k, v, keep, 0.0883), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["causal", "padded", "window", "finite"])
-@pytest.mark.parametrize("shape", [(32, 16, 4, 1, 4096, 128), (64, 12, 2, 1, 3000, 128), (8, 16, 4, 4, 2500, 64),
-                                   (16, 8, 8, 1, 1500, 256)], ids=lambda s: "x".join(map(str, s)))
-def test_splits_per_cta_bit_equal(shape, kind, monkeypatch):
-    """Each CTA takes every n-th split of its cache (one wave of CTAs), and the splits the mask hides cost it a
-    mask read: whatever n, the splits and their combine are the same, so the outputs are bit for bit those of
-    one CTA per split (FUSEKIT_DECODE_ATTN=grid) and of one CTA looping over all of them (waves:1), and within
-    the float64 rule."""
-    b, hq, hkv, lq, s, d = shape
-    q, k, v = _qkv(b, hq, hkv, lq, s, d, torch.bfloat16)
-    keep = _mask("causal" if kind == "finite" else kind, b, lq, s, s // 3)
-    if kind == "finite":  # the chain's finite minimum, a row hidden everywhere (recomputed in the combine)
-        keep = keep.clone()
-        keep[1, :, 0, :] = False
-        keep = torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(~keep, -65536.0)
-    out = _check(q, k, v, keep)
-    for forced in ("grid", "waves:1", "waves:3"):
-        monkeypatch.setenv("FUSEKIT_DECODE_ATTN", forced)  # read at each launch
-        torch.testing.assert_close(op(q, k, v, keep, 0.0883), out, atol=0, rtol=0, msg=forced)
-
-
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])
 def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
     """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (fusekit.h: they may start

@@ -18,11 +18,10 @@
 // scores differ by more than ~59000; a row with no such key is computed again over every key, exactly as the
 // additive mask says (recompute_row below: in the combine, or a third kernel when there is one split).
 //
-// One CTA (4 warps) per (sequence, KV head, up to 16 rows of its query group) and every n-th split of the cache
-// (n CTAs per such triple, as many as one wave of CTAs holds: hidden splits cost a mask read, not a CTA). For each
-// split it reads the mask first (each distinct mask row once, all loads in flight), and skips the K and V of
+// One CTA (4 warps) per (sequence, KV head, split of the cache, up to 16 rows of its query group). It reads
+// its split's mask first (each distinct mask row once, all loads in flight), and skips the K and V of
 // every 64-key block in which every row's mask hides every key (a split with nothing visible writes (-inf, 0)
-// and is done; q is read only by CTAs with work, while their first K block is in flight). The visible K and V
+// and ends; q is read only by CTAs with work, while their first K block is in flight). The visible K and V
 // blocks go through a ring of two shared-memory stages (cp.async) and meet the
 // query rows on tensor cores (mma.sync m16n8k16, float32 sums; the probabilities are rounded to q's dtype
 // for P @ V, as PyTorch's fused SDPA kernels do): each visible key row is read once for all the rows of the
@@ -148,244 +147,237 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int z = blockIdx.x % p.zchunks;
   const int bh = blockIdx.x / p.zchunks;
-  const int b0 = bh / p.hkv, kvh0 = bh % p.hkv;
-  // Splits y, y + gridDim.y, ...: the grid is one wave at most (decode_attention_cuda), so the splits the mask
-  // hides cost a mask read in a CTA already resident, not a CTA launch each.
-#pragma unroll 1
-  for (int split = blockIdx.y; split < p.splits; split += gridDim.y) {
-    __syncthreads();  // the shared state of the previous split is read
-    int b = b0, kvh = kvh0;  // values the compiler cannot see: nothing derived from them is hoisted out of the
-    asm volatile("" : "+r"(b), "+r"(kvh));  // loop and held in registers across the splits
-    const int key_begin = split * p.chunk;
-    const int nblocks = (min(p.chunk, p.s - key_begin) + kBlockN - 1) / kBlockN;
-    const int keys = nblocks * kBlockN;
-    const int r0 = z * RT;
-    const int nr = min(RT, p.rows - r0);
-    const auto flat_row = [&](int rr) {  // a group row's index in [B, Hq, Lq] (the workspace's rows)
-      return (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
-    };
+  const int b = bh / p.hkv, kvh = bh % p.hkv;
+  const int split = blockIdx.y;
+  const int key_begin = split * p.chunk;
+  const int nblocks = (min(p.chunk, p.s - key_begin) + kBlockN - 1) / kBlockN;
+  const int keys = nblocks * kBlockN;
+  const int r0 = z * RT;
+  const int nr = min(RT, p.rows - r0);
+  const auto flat_row = [&](int rr) {  // a group row's index in [B, Hq, Lq] (the workspace's rows)
+    return (static_cast<int64_t>(b) * p.hq + kvh * p.group + rr / p.lq) * p.lq + rr % p.lq;
+  };
 
-    if (tid < RT) {
-      const int r = r0 + min(tid, nr - 1);
-      s_moff[tid] = b * p.ms0 + (kvh * p.group + r / p.lq) * p.ms1 + (r % p.lq) * p.ms2;
-    }
-    if (tid < kMaxChunk / kBlockN) s_vis[tid] = 0;
-    __syncthreads();
-    if (tid < RT) {  // the first row with the same mask row ([B,1,1,S] masks: one row for the whole CTA)
-      int src = tid;
-      for (int j = 0; j < tid; ++j) {
-        if (s_moff[j] == s_moff[tid]) {
-          src = j;
-          break;
-        }
+  if (tid < RT) {
+    const int r = r0 + min(tid, nr - 1);
+    s_moff[tid] = b * p.ms0 + (kvh * p.group + r / p.lq) * p.ms1 + (r % p.lq) * p.ms2;
+  }
+  if (tid < kMaxChunk / kBlockN) s_vis[tid] = 0;
+  __syncthreads();
+  if (tid < RT) {  // the first row with the same mask row ([B,1,1,S] masks: one row for the whole CTA)
+    int src = tid;
+    for (int j = 0; j < tid; ++j) {
+      if (s_moff[j] == s_moff[tid]) {
+        src = j;
+        break;
       }
-      s_src[tid] = tid < nr ? src : -1;
     }
-    __syncthreads();
+    s_src[tid] = tid < nr ? src : -1;
+  }
+  __syncthreads();
 
-    // ---- the split's mask (each distinct row once, all loads in flight together) ----
-    float mv[RT * KPT];  // [r][n]: key tid + 128 n of row r
+  // ---- the split's mask (each distinct row once, all loads in flight together) ----
+  float mv[RT * KPT];  // [r][n]: key tid + 128 n of row r
 #pragma unroll
-    for (int i = 0; i < RT * KPT; ++i) {
-      const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32, key = key_begin + kl;
-      const bool load = s_src[r] == r && kl < keys && key < p.s;
-      mv[i] = load ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3)) : -INFINITY;
-    }
+  for (int i = 0; i < RT * KPT; ++i) {
+    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32, key = key_begin + kl;
+    const bool load = s_src[r] == r && kl < keys && key < p.s;
+    mv[i] = load ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3)) : -INFINITY;
+  }
 #pragma unroll
-    for (int i = 0; i < RT * KPT; ++i) {
-      const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32;
-      if (s_src[r] == r && kl < keys) {
-        smask[r * p.chunk + kl] = mv[i];
-        if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
-      }
+  for (int i = 0; i < RT * KPT; ++i) {
+    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32;
+    if (s_src[r] == r && kl < keys) {
+      smask[r * p.chunk + kl] = mv[i];
+      if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
     }
-    __syncthreads();
-    int nvis = 0;
-    uint32_t vlist = 0, vbits = 0;  // the visible blocks: their indices in order (8 bits each), and as bits
-    for (int blk = 0; blk < nblocks; ++blk) {
-      if (s_vis[blk]) {
-        vlist |= blk << (8 * nvis++);
-        vbits |= 1u << blk;
-      }
+  }
+  __syncthreads();
+  int nvis = 0;
+  uint32_t vlist = 0, vbits = 0;  // the visible blocks: their indices in order (8 bits each), and as bits
+  for (int blk = 0; blk < nblocks; ++blk) {
+    if (s_vis[blk]) {
+      vlist |= blk << (8 * nvis++);
+      vbits |= 1u << blk;
     }
-    if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
-      for (int r = tid; r < nr; r += kWarps * 32) {
-        p.part_ml[split * p.rows_total + flat_row(r0 + r)] = make_float2(-INFINITY, 0.f);
-      }
-      continue;
+  }
+  if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
+    for (int r = tid; r < nr; r += kWarps * 32) {
+      p.part_ml[split * p.rows_total + flat_row(r0 + r)] = make_float2(-INFINITY, 0.f);
     }
-    const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (8 * n)) & 0xffu); };
+    return;
+  }
+  const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (8 * n)) & 0xffu); };
 
-    // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
-    // Thread tid copies chunk ccol of rows crow + i RSTEP of each block: its offsets are fixed but for the block.
-    const int crow = tid / CPR, ccol = tid % CPR;
-    const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + crow * p.ks2 + ccol * 8;
-    const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + crow * p.vs2 + ccol * 8;
-    const int sw[2] = {crow * D + (ccol ^ (crow & 7)) * 8, crow * D + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
-    const int items = 2 * nvis;
-    const auto issue = [&](int item) {
-      if (item < items) {
-        const bool is_v = item >= nvis;
-        const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
-        T* dst = stage + (item % NS) * kBlockN * D;
-        const int64_t rs = is_v ? p.vs2 : p.ks2, step = RSTEP * rs;
-        const T* src = (is_v ? vb : kb) + k0 * rs;
-        if (k0 + kBlockN <= p.s) {  // a whole block of the cache
+  // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
+  // Thread tid copies chunk ccol of rows crow + i RSTEP of each block: its offsets are fixed but for the block.
+  const int crow = tid / CPR, ccol = tid % CPR;
+  const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + crow * p.ks2 + ccol * 8;
+  const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + crow * p.vs2 + ccol * 8;
+  const int sw[2] = {crow * D + (ccol ^ (crow & 7)) * 8, crow * D + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
+  const int items = 2 * nvis;
+  const auto issue = [&](int item) {
+    if (item < items) {
+      const bool is_v = item >= nvis;
+      const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
+      T* dst = stage + (item % NS) * kBlockN * D;
+      const int64_t rs = is_v ? p.vs2 : p.ks2, step = RSTEP * rs;
+      const T* src = (is_v ? vb : kb) + k0 * rs;
+      if (k0 + kBlockN <= p.s) {  // a whole block of the cache
 #pragma unroll
-          for (int i = 0; i < CPT; ++i, src += step) cp_async16(dst + i * RSTEP * D + sw[i & 1], src, true);
-        } else {  // the cache's last, partial block: rows past it are zero-filled (from a valid address)
-          const T* safe = src - crow * rs;
-          const int left = p.s - k0 - crow;  // copy i reads a key of the cache: i RSTEP < left
+        for (int i = 0; i < CPT; ++i, src += step) cp_async16(dst + i * RSTEP * D + sw[i & 1], src, true);
+      } else {  // the cache's last, partial block: rows past it are zero-filled (from a valid address)
+        const T* safe = src - crow * rs;
+        const int left = p.s - k0 - crow;  // copy i reads a key of the cache: i RSTEP < left
 #pragma unroll
-          for (int i = 0; i < CPT; ++i, src += step) {
-            cp_async16(dst + i * RSTEP * D + sw[i & 1], i * RSTEP < left ? src : safe, i * RSTEP < left);
-          }
-        }
-      }
-      cp_async_commit();  // empty past the last item: one group per step
-    };
-#pragma unroll
-    for (int i = 0; i < NS - 1; ++i) issue(i);
-
-    uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows), read meanwhile
-    {
-      const T* qrow[2];
-      bool ok[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = g + 8 * h, rr = r0 + min(r, nr - 1);
-        ok[h] = r < nr;
-        qrow[h] = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 + (rr % p.lq) * p.qs2;
-      }
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
-          const int h = i & 1, c = ks * 16 + 2 * t4 + (i >> 1) * 8;
-          qa[ks][i] = ok[h] ? pack2<T>(to_float(qrow[h][c]), to_float(qrow[h][c + 1])) : 0u;  // (exact round trip)
+        for (int i = 0; i < CPT; ++i, src += step) {
+          cp_async16(dst + i * RSTEP * D + sw[i & 1], i * RSTEP < left ? src : safe, i * RSTEP < left);
         }
       }
     }
-    const int ml = lane / 8, mi = lane % 8;  // ldmatrix: this lane's matrix and row in it
-    const bool row0 = g < nr, row1 = RT > 8 && g + 8 < nr;  // this lane's fragment rows g and g + 8 are the CTA's
-    float* sc0 = sc + g * p.chunk;
-    float* sc1 = sc + (RT > 8 ? g + 8 : 0) * p.chunk;
+    cp_async_commit();  // empty past the last item: one group per step
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i);
 
-    // ---- scores: warp w takes keys [16w, 16w + 16) of the block (two n-tiles of 8 keys), raw dot products ----
-    for (int item = 0; item < nvis; ++item) {
-      issue(item + NS - 1);
-      cp_async_wait<NS - 1>();
-      __syncthreads();
-      const int blk = nth_visible(item);
-      const T* st = stage + (item % NS) * kBlockN * D;
-      float acc[2][4] = {};
-      const int krow = warp * 16 + (ml >> 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t kf[4];
-        ldsm_x4<false>(kf, st + krow * D + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
-        mma16816<T>(acc[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[0], kf[1]);
-        mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
-        const int kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4;
-        if (row0) *reinterpret_cast<float2*>(sc0 + kl) = make_float2(acc[nt][0], acc[nt][1]);
-        if (row1) *reinterpret_cast<float2*>(sc1 + kl) = make_float2(acc[nt][2], acc[nt][3]);
-      }
-      __syncthreads();  // the stage is read before a later step refills it
-    }
-
-    // ---- softmax numerators over this split: one warp per row (the first V blocks are in flight). A key of a
-    // hidden block, or past the cache, has no score (its finite mask value must not enter the softmax) ----
-    const int lim = min(keys, p.s - key_begin);
-    for (int r = warp; r < nr; r += kWarps) {
-      float* srow = sc + r * p.chunk;
-      const float* mrow = smask + s_src[r] * p.chunk;
-      float m = -INFINITY;
-      for (int j = lane; j < keys; j += 32) {
-        const float x = j < lim && (vbits >> (j / kBlockN) & 1u) ? fmaf(srow[j], p.scale_log2, mrow[j]) : -INFINITY;
-        srow[j] = x;
-        m = fmaxf(m, x);
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-      float l = 0.f;
-      for (int j = lane; j < keys; j += 32) {
-        const float e = m == -INFINITY ? 0.f : exp2f(srow[j] - m);
-        srow[j] = e;
-        l += e;
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-      if (lane == 0) {
-        s_m[r] = m;
-        s_l[r] = l;
-      }
-    }
-
-    // ---- O = P V: warp w takes dims [w DW, (w + 1) DW), NT n-tiles, over the visible blocks ----
-    float o[NT][4] = {};
-    for (int item = nvis; item < items; ++item) {
-      issue(item + NS - 1);
-      cp_async_wait<NS - 1>();
-      __syncthreads();  // (the first time: the probabilities too)
-      const int blk = nth_visible(item - nvis);
-      const T* st = stage + (item % NS) * kBlockN * D;
-#pragma unroll
-      for (int ks = 0; ks < kBlockN / 16; ++ks) {
-        uint32_t pa[4];  // A fragment of P, rounded to T (zeros past the CTA's rows)
-        const int kl = blk * kBlockN + ks * 16 + 2 * t4;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
-          const bool ok = i & 1 ? row1 : row0;
-          const float2 pv = ok ? *reinterpret_cast<const float2*>((i & 1 ? sc1 : sc0) + kl + (i >> 1) * 8)
-                               : make_float2(0.f, 0.f);
-          pa[i] = pack2<T>(pv.x, pv.y);
-        }
-        const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          uint32_t vf[4];
-          ldsm_x4<true>(vf, st + vrow * D + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
-          mma16816<T>(o[2 * np], pa[0], pa[1], pa[2], pa[3], vf[0], vf[1]);
-          mma16816<T>(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], vf[2], vf[3]);
-        }
-      }
-      __syncthreads();
-    }
-    if (split + static_cast<int>(gridDim.y) >= p.splits) pdl_trigger();  // every load issued: the combine may launch
-    cp_async_wait<0>();
-    __syncthreads();  // s_m, s_l
-
+  uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows), read meanwhile
+  {
+    const T* qrow[2];
+    bool ok[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = g + 8 * h, rr = r0 + r;
-      if (r >= nr) continue;
-      const int hd = kvh * p.group + rr / p.lq, qi = rr % p.lq;
-      const int64_t row = flat_row(rr);
+      const int r = g + 8 * h, rr = r0 + min(r, nr - 1);
+      ok[h] = r < nr;
+      qrow[h] = static_cast<const T*>(p.q) + b * p.qs0 + (kvh * p.group + rr / p.lq) * p.qs1 + (rr % p.lq) * p.qs2;
+    }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int d = warp * DW + nt * 8 + 2 * t4;
-        const float x = o[nt][2 * h], y = o[nt][2 * h + 1];
-        if (p.splits == 1) {
-          const float l = s_l[r];
-          T* out = static_cast<T*>(p.out) + b * p.os0 + hd * p.os1 + qi * p.os2 + d;
-          out[0] = from_float<T>(l > 0.f ? x / l : 0.f);
-          out[1] = from_float<T>(l > 0.f ? y / l : 0.f);
-        } else if (s_m[r] != -INFINITY) {  // else never read
-          *reinterpret_cast<float2*>(p.part_o + (split * p.rows_total + row) * D + d) = make_float2(x, y);
-        }
-      }
-      if (warp == 0 && t4 == 0) {
-        if (p.splits == 1) {
-          if (p.hidden) p.hidden[row] = !(s_m[r] > kHiddenLog2);
-        } else {
-          p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
-        }
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
+        const int h = i & 1, c = ks * 16 + 2 * t4 + (i >> 1) * 8;
+        qa[ks][i] = ok[h] ? pack2<T>(to_float(qrow[h][c]), to_float(qrow[h][c + 1])) : 0u;  // (exact round trip)
       }
     }
-  }  // splits
+  }
+  const int ml = lane / 8, mi = lane % 8;  // ldmatrix: this lane's matrix and row in it
+  const bool row0 = g < nr, row1 = RT > 8 && g + 8 < nr;  // this lane's fragment rows g and g + 8 are the CTA's
+  float* sc0 = sc + g * p.chunk;
+  float* sc1 = sc + (RT > 8 ? g + 8 : 0) * p.chunk;
+
+  // ---- scores: warp w takes keys [16w, 16w + 16) of the block (two n-tiles of 8 keys), raw dot products ----
+  for (int item = 0; item < nvis; ++item) {
+    issue(item + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncthreads();
+    const int blk = nth_visible(item);
+    const T* st = stage + (item % NS) * kBlockN * D;
+    float acc[2][4] = {};
+    const int krow = warp * 16 + (ml >> 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t kf[4];
+      ldsm_x4<false>(kf, st + krow * D + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
+      mma16816<T>(acc[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[0], kf[1]);
+      mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
+      const int kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4;
+      if (row0) *reinterpret_cast<float2*>(sc0 + kl) = make_float2(acc[nt][0], acc[nt][1]);
+      if (row1) *reinterpret_cast<float2*>(sc1 + kl) = make_float2(acc[nt][2], acc[nt][3]);
+    }
+    __syncthreads();  // the stage is read before a later step refills it
+  }
+
+  // ---- softmax numerators over this split: one warp per row (the first V blocks are in flight). A key of a
+  // hidden block, or past the cache, has no score (its finite mask value must not enter the softmax) ----
+  const int lim = min(keys, p.s - key_begin);
+  for (int r = warp; r < nr; r += kWarps) {
+    float* srow = sc + r * p.chunk;
+    const float* mrow = smask + s_src[r] * p.chunk;
+    float m = -INFINITY;
+    for (int j = lane; j < keys; j += 32) {
+      const float x = j < lim && (vbits >> (j / kBlockN) & 1u) ? fmaf(srow[j], p.scale_log2, mrow[j]) : -INFINITY;
+      srow[j] = x;
+      m = fmaxf(m, x);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float l = 0.f;
+    for (int j = lane; j < keys; j += 32) {
+      const float e = m == -INFINITY ? 0.f : exp2f(srow[j] - m);
+      srow[j] = e;
+      l += e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) {
+      s_m[r] = m;
+      s_l[r] = l;
+    }
+  }
+
+  // ---- O = P V: warp w takes dims [w DW, (w + 1) DW), NT n-tiles, over the visible blocks ----
+  float o[NT][4] = {};
+  for (int item = nvis; item < items; ++item) {
+    issue(item + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncthreads();  // (the first time: the probabilities too)
+    const int blk = nth_visible(item - nvis);
+    const T* st = stage + (item % NS) * kBlockN * D;
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t pa[4];  // A fragment of P, rounded to T (zeros past the CTA's rows)
+      const int kl = blk * kBlockN + ks * 16 + 2 * t4;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
+        const bool ok = i & 1 ? row1 : row0;
+        const float2 pv = ok ? *reinterpret_cast<const float2*>((i & 1 ? sc1 : sc0) + kl + (i >> 1) * 8)
+                             : make_float2(0.f, 0.f);
+        pa[i] = pack2<T>(pv.x, pv.y);
+      }
+      const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t vf[4];
+        ldsm_x4<true>(vf, st + vrow * D + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
+        mma16816<T>(o[2 * np], pa[0], pa[1], pa[2], pa[3], vf[0], vf[1]);
+        mma16816<T>(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], vf[2], vf[3]);
+      }
+    }
+    __syncthreads();
+  }
+  pdl_trigger();  // every load issued: the combine may launch
+  cp_async_wait<0>();
+  __syncthreads();  // s_m, s_l
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h, rr = r0 + r;
+    if (r >= nr) continue;
+    const int hd = kvh * p.group + rr / p.lq, qi = rr % p.lq;
+    const int64_t row = flat_row(rr);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int d = warp * DW + nt * 8 + 2 * t4;
+      const float x = o[nt][2 * h], y = o[nt][2 * h + 1];
+      if (p.splits == 1) {
+        const float l = s_l[r];
+        T* out = static_cast<T*>(p.out) + b * p.os0 + hd * p.os1 + qi * p.os2 + d;
+        out[0] = from_float<T>(l > 0.f ? x / l : 0.f);
+        out[1] = from_float<T>(l > 0.f ? y / l : 0.f);
+      } else if (s_m[r] != -INFINITY) {  // else never read
+        *reinterpret_cast<float2*>(p.part_o + (split * p.rows_total + row) * D + d) = make_float2(x, y);
+      }
+    }
+    if (warp == 0 && t4 == 0) {
+      if (p.splits == 1) {
+        if (p.hidden) p.hidden[row] = !(s_m[r] > kHiddenLog2);
+      } else {
+        p.part_ml[split * p.rows_total + row] = make_float2(s_m[r], s_l[r]);
+      }
+    }
+  }
 }
 
 template <typename T, int D, int W>
@@ -543,16 +535,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// FUSEKIT_DECODE_ATTN (A/Bs; read at each launch, so at a CUDA graph's capture): "grid" gives every split a CTA
-// of its own (the kernel before 2026-11-26), "waves:N" N CTAs per (sequence, KV head, rows); unset: one wave.
-inline int forced_split_ctas() {
-  const char* e = std::getenv("FUSEKIT_DECODE_ATTN");
-  if (e == nullptr) return 0;
-  if (std::strcmp(e, "grid") == 0) return 1 << 30;
-  if (std::strncmp(e, "waves:", 6) == 0) return std::max(1, std::atoi(e + 6));
-  return 0;
-}
-
 template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
@@ -566,19 +548,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // CTAs per (sequence, KV head, rows): all the splits, or as many as one wave holds (at least one), each CTA
-  // taking every ctas-th split: at batch 32 a cache's hidden splits had cost two more waves of CTAs that only
-  // read their mask (Llama-style @1024: 2048 CTAs, 640 with keys to read, 5 per SM).
-  static const int per_sm = [&] {
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<T, D, RT>, kWarps * 32,
-                                                                 smem_for(kMaxChunk)));
-    return std::max(n, 1);
-  }();
-  const int forced = forced_split_ctas();
-  const int64_t wave = std::max<int64_t>(int64_t{per_sm} * sm_count() / blocks_x, 1);
-  const int ctas = static_cast<int>(std::min<int64_t>(p.splits, forced > 0 ? forced : wave));
-  launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, ctas, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
+  launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
             pdl, 0, p);
   if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(D), 0, stream, pdl, 0, p);
   if (p.hidden) {  // one split: no combine to recompute the hidden rows in
