@@ -119,6 +119,17 @@ inline int sm_count(int dev = -1) {
   return sms[dev];
 }
 
+// Dynamic shared memory above 48 KB must be asked for, per kernel and per device: `bytes` for Kernel on the current
+// device, once (every launch of it may then use up to `bytes`).
+template <auto Kernel>
+void opt_in_smem(size_t bytes) {
+  static bool done[64] = {};
+  const int dev = c10::cuda::current_device();
+  if (done[dev]) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done[dev] = true;
+}
+
 // Blocks for `units` independent work items: enough to fill every SM (8 x 256 threads each), no more;
 // the kernels are grid-stride loops.
 inline int blocks_for(int64_t units) {

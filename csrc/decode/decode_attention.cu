@@ -538,12 +538,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
-  static const bool sized = [&] {  // over 48 KB of dynamic shared memory must be asked for, once per kernel
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem_for(kMaxChunk))));
-    return true;
-  }();
-  (void)sized;
+  opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(kMaxChunk));
   // Each kernel with PDL (fusekit.h): its launch overlaps the end of the kernel before it
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');

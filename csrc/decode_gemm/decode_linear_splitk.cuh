@@ -192,13 +192,7 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
   s = (chunks + per - 1) / per;  // no empty split
   const size_t smem = std::max(slice_bytes<T>(8 * XM, per), size_t(NW) * 8 * XM * kRedStride * sizeof(float));
   if (smem > kSkSmemBudget) return false;
-  static bool opted_in[64] = {};  // the opt-in above 48 KB of shared memory, once per device
-  const int dev = c10::cuda::current_device();
-  if (smem > 48 * 1024 && !opted_in[dev]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_linear_splitk_kernel<T, XM, NW>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSkSmemBudget)));
-    opted_in[dev] = true;
-  }
+  if (smem > 48 * 1024) opt_in_smem<decode_linear_splitk_kernel<T, XM, NW>>(kSkSmemBudget);
   launch_ex(decode_linear_splitk_kernel<T, XM, NW>, dim3(tiles, s), dim3(kSkWarps * 32), smem, stream,
             pdl_allowed(90, 'g'), s, p, per);  // (splitk_built: an sm_90 binary)
   return true;

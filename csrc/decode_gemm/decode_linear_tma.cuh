@@ -365,12 +365,7 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   }
   if (!encode_map<T>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
   auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB>;
-  static bool opted_in[64] = {};  // the opt-in above 48 KB of shared memory, once per device
-  const int dev = c10::cuda::current_device();
-  if (!opted_in[dev]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTmaSmemMax)));
-    opted_in[dev] = true;
-  }
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB>>(kTmaSmemMax);
   constexpr int SB = tma_stage_bytes(NW, MX, KB);
   const int kblocks = (p.k + KB * kTmaBK - 1) / (KB * kTmaBK);
   int s = std::min({splits, kTmaMaxSplits, kblocks});
