@@ -215,7 +215,7 @@ def _device_guard(p: "Pattern") -> Guard:
             if missing is None and dtype not in ops.CUDA_DTYPES.get(p.op, (dtype,)):
                 return f"fusekit::{p.op} has no CUDA kernel for {dtype}"
             if missing is None and p.id not in s.run.options.forced:
-                if not p.on_by_default(dtype):
+                if not p.on_by_default(dtype, dev):
                     return (f"off by default on CUDA in {dtype}: slower than Inductor's kernel in the benchmark; "
                             f"enable with options={{'patterns': ['{p.id}']}}")
                 n, floor = s.tensor(tensors[0]).numel(), p.min_numel(dtype)

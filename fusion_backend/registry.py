@@ -59,9 +59,10 @@ class Pattern:
     tol: Mapping[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=lambda: DEFAULT_TOL)
     # Measured selection (benchmarks/results/): the dtypes in which the rule fires on CUDA by default,
     # i.e. where the kernel measured no slower than Inductor's for the same subgraph (within the 2%
-    # run-to-run noise) at every benchmarked size. True = every dtype, False = none. Elsewhere it fires on
-    # CUDA only when named in options["patterns"].
-    cuda_default: bool | tuple[torch.dtype, ...] = True
+    # run-to-run noise) at every benchmarked size. True = every dtype, False = none, or a predicate
+    # (dtype, device) -> bool where that depends on which of fusekit's kernels the device runs (the plain decode
+    # linear: on where its TMA kernel is built). Elsewhere it fires on CUDA only when named in options["patterns"].
+    cuda_default: bool | tuple[torch.dtype, ...] | Callable[[torch.dtype, torch.device], bool] = True
     # Measured selection by size: where it fires by default, the rule fires on CUDA only when its first
     # tensor has at least this many elements (per dtype, or one int for all): below it, bench_patterns'
     # CUDA-graph timings measured Inductor's kernels faster (launch-bound sizes). A symbolic size fires
@@ -90,8 +91,12 @@ class Pattern:
     # two outputs of the pattern could bind one projection of the graph.
     exclusive: tuple[str, ...] = ()
 
-    def on_by_default(self, dtype: torch.dtype) -> bool:
-        return self.cuda_default is True or (isinstance(self.cuda_default, tuple) and dtype in self.cuda_default)
+    def on_by_default(self, dtype: torch.dtype, device: torch.device | None = None) -> bool:
+        """Whether the rule fires on CUDA unnamed, in `dtype` on `device` (default: the current CUDA device)."""
+        d = self.cuda_default
+        if callable(d):
+            return d(dtype, device if device is not None else torch.device("cuda"))
+        return d is True or (isinstance(d, tuple) and dtype in d)
 
     def min_numel(self, dtype: torch.dtype) -> int:
         m = self.cuda_min_numel

@@ -100,18 +100,11 @@ def few_rows(x: str, rule: str) -> G.Guard:
     return G.Guard(f"few_rows({x})", check)
 
 
-def tma_or_named(x: str, pattern_id: str) -> G.Guard:
-    """Should fire (the plain linear on CUDA): where the TMA kernel runs, or where options["patterns"] names the
-    rule. fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection
+def tma_default(dtype: torch.dtype, device: torch.device) -> bool:
+    """The plain linear's CUDA default (Pattern.cuda_default): on where the TMA kernel runs; elsewhere opt-in, since
+    fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection
     (results/h100_decode_gemm.md: 0.43-0.98x)."""
-    def check(s: G.Site) -> str | None:
-        t = s.tensor(x)
-        if t.device.type != "cuda" or _tma(t) or pattern_id in s.run.options.forced:
-            return None
-        return ("no TMA decode GEMM kernel on this device (sm_90a builds only): cuBLAS measured faster; "
-                f"enable with options={{'patterns': ['{pattern_id}']}}")
-
-    return G.Guard(f"tma_or_named({x})", check)
+    return G.has_tma_kernels(device)
 
 
 # ---- test inputs: case = (*rows, K, N) with rows [B, S] (3-D x) or [M] (2-D) -------------------------
@@ -147,8 +140,8 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
         gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name),
-                *(() if gated else (tma_or_named("x", pid),))),
+        cuda_default=True if gated else tma_default,
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name)),
     )
 
 

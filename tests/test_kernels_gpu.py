@@ -289,9 +289,7 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     # decode rules fire on CUDA only at serving sizes (decode.enough_rows); their first GPU case is one
     case = p.gpu_cases[0] if p.id.startswith("decode.") else p.cases[-1]
     args = p.make_args(case, dtype, "cuda")
-    by_default = p.on_by_default(dtype) and args[0].numel() >= p.min_numel(dtype)  # small cases: name it
-    if p.id.startswith("decode_gemm.linear") and not _ext.has_tma_kernels(args[0].device):
-        by_default = False  # on by default only where the TMA kernel runs (decode_gemm.tma_or_named)
+    by_default = p.on_by_default(dtype, args[0].device) and args[0].numel() >= p.min_numel(dtype)  # small: name it
     rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
     if p.op == "matmul_epilogue" and dtype == torch.float32 and not p.static["linear"] \
             and args[1].stride(-2) != 1:  # TF32 takes a K-major b only (batched_matmul.tf32_allowed)

@@ -211,6 +211,31 @@ def test_size_threshold_guard(monkeypatch):
         assert ok or "size threshold" in reason
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "no-tma"])
+def test_device_aware_default(monkeypatch, tma):
+    """A rule whose CUDA default is a predicate of the device (the plain decode linear: on where its TMA kernel
+    runs): the device guard asks it with the tensors' device; off there, it says so unless named; the gated
+    rule's plain default does not ask."""
+    from types import SimpleNamespace as NS
+
+    from fusion_backend import _ext, guards
+
+    monkeypatch.setattr(_ext, "missing_cuda_kernel", lambda op, dev: None)
+    asked = []
+    monkeypatch.setattr(_ext, "has_tma_kernels", lambda dev: asked.append(dev) or tma)
+    dev = torch.device("cuda", 1)
+    x = NS(device=dev, dtype=torch.bfloat16, numel=lambda: 2048)
+    for pid, on in (("decode_gemm.linear", tma), ("decode_gemm.linear_2d", tma), ("decode_gemm.gate_up_silu", True)):
+        p = table.by_id(pid)
+        assert p.on_by_default(torch.bfloat16, dev) == on
+        for forced in ((), (pid,)):
+            site = NS(tensor=lambda name: x, run=NS(options=NS(forced=forced, cpu_reference=False)))
+            reason = guards._device_guard(p).check(site)
+            assert (reason is None) == (on or bool(forced)), (pid, forced, reason)
+            assert reason is None or "off by default" in reason
+    assert asked and all(d == dev for d in asked)
+
+
 def test_matmul_output_cast_stored_by_the_kernel():
     """gelu(bmm * s + b).float() returned from the graph: the cast becomes the op's out_dtype (one fp32
     store). A cast that feeds more work (Inductor fuses it into that kernel) and a no-op cast stay."""

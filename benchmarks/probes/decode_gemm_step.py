@@ -23,15 +23,16 @@ def previous_rules():
     """The rules as before the TMA kernel: the plain linear off by default, gate/up up to 8 rows."""
     saved = dict(decode_gemm.MAX_ROWS_TMA)
     decode_gemm.MAX_ROWS_TMA.update(decode_gemm.MAX_ROWS)
-    ids = ("decode_gemm.linear", "decode_gemm.linear_2d")
-    for pid in ids:
-        object.__setattr__(table.by_id(pid), "cuda_default", False)
+    rules = [table.by_id(pid) for pid in ("decode_gemm.linear", "decode_gemm.linear_2d")]
+    defaults = [p.cuda_default for p in rules]
+    for p in rules:
+        object.__setattr__(p, "cuda_default", False)
     try:
         yield
     finally:
         decode_gemm.MAX_ROWS_TMA.update(saved)
-        for pid in ids:
-            object.__setattr__(table.by_id(pid), "cuda_default", True)
+        for p, d in zip(rules, defaults):
+            object.__setattr__(p, "cuda_default", d)
 
 
 def main():

@@ -98,7 +98,7 @@ def doctor_text() -> str:
             elif _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
                 cells.append("no-kernel")
             else:
-                cells.append("on" if p.on_by_default(d) else "opt-in")
+                cells.append("on" if p.on_by_default(d, torch.device("cuda")) else "opt-in")
         lines.append(f"{p.id:38s} " + " ".join(f"{c:>9s}" for c in cells))
     lines.append("")
     lines.append("on = fires by default; opt-in = measured slower than Inductor here, enable with "
