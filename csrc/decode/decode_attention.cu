@@ -579,6 +579,9 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
   const int64_t target = 8 * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
+  if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_SPLITS")) {  // A/Bs (read at each launch, so at a capture)
+    splits = std::min(std::max(std::atoi(e), 1), nb);
+  }
   splits = std::max(splits, (nb + kMaxChunk / kBlockN - 1) / (kMaxChunk / kBlockN));
   const int chunk_blocks = (nb + splits - 1) / splits;
   splits = (nb + chunk_blocks - 1) / chunk_blocks;
