@@ -209,8 +209,12 @@ PATTERNS = [
     _rule("gqa_bool_mask", GQA, "bool", forms=False),   # math decomposition with a bool mask
     _rule("gqa", GQA, "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash
     _rule("gqa_no_mask", GQA, "none", forms=True, static={"mask": None}),
-    _rule("mha_bool_mask", MHA, "bool", forms=False),
-    _rule("mha", MHA, "float", forms=True),
+    # Without grouped heads the kernel's only gain is the blocks the mask hides: near a full cache it measured
+    # slower than the fused SDPA Inductor calls (GPT-2, H100, per step: b32/b64 at position 1000 of 1024 0.96x /
+    # 0.95x, 1.17-1.62x at 128 and 512; results/h100_decode_gpt2_grid_2026-11-26b.md), and a compiled step serves
+    # every position, so on CUDA these fire only when named.
+    _rule("mha_bool_mask", MHA, "bool", forms=False, cuda_default=False),
+    _rule("mha", MHA, "float", forms=True, cuda_default=False),
 ]
 
 

@@ -147,6 +147,9 @@ def test_mha_should_fire_policy():
     assert guard.check(Site(many)) is None and guard.check(Site(torch.empty(1, 12, 1, 64))) is None
     rules = {p.id: {g.name for g in p.guards} for p in decode.PATTERNS}
     assert "enough_rows(q)" in rules["decode.mha"] and "enough_rows(q)" not in rules["decode.gqa"]
+    # and on CUDA only when named (slower than Inductor near a full cache); the GQA rules by default
+    for p in decode.PATTERNS:
+        assert p.on_by_default(torch.bfloat16, torch.device("cuda")) == (not p.id.startswith("decode.mha")), p.id
 
 
 @pytest.mark.slow
