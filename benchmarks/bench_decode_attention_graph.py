@@ -1,15 +1,17 @@
 """fusekit::decode_attention alone as a decode step runs it: 8 layers' caches (bf16, head dim 128, an additive
 bf16 causal mask as transformers builds it), one call per layer captured in a CUDA graph, the graph replayed;
 us per call, the median of 7 timings of 20 replays; and whether a replay gives what a direct call gives.
+GPT-2's shapes take head dim 64. --variants captures one more graph per VAR=value (a FUSEKIT_* switch the op
+reads at each launch) on the same caches, timed interleaved, and says whether each equals the default bit for bit.
 
-python benchmarks/bench_decode_attention_graph.py [--shapes "b1,mistral"]"""
+python benchmarks/bench_decode_attention_graph.py [--shapes "b1,mistral"] [--variants FUSEKIT_DECODE_ATTN_SPLITS=8]"""
 import argparse
-import os
 import statistics
 
 import torch
 
 from fusion_backend import _ext
+from fusion_backend.tools.cuda_graphs import capture_output
 
 SHAPES = [  # (name, batch, query heads, KV heads, cache slots, position[, head dim: 128])
     ("llama b1 @1024", 1, 16, 4, 4096, 1024), ("llama b1 @4000", 1, 16, 4, 4096, 4000),
@@ -20,31 +22,6 @@ SHAPES = [  # (name, batch, query heads, KV heads, cache slots, position[, head 
     ("gpt2 b32 @512", 32, 12, 12, 1024, 512, 64), ("gpt2 b32 @1000", 32, 12, 12, 1024, 1000, 64),
     ("gpt2 b64 @1000", 64, 12, 12, 1024, 1000, 64),
 ]
-
-
-def capture(op, q, caches, mask, variant):
-    """A CUDA graph of one call per layer, captured with the environment variable `variant` ("VAR=value"; None:
-    as it is) set."""
-    var, _, value = (variant or "").partition("=")
-    saved = os.environ.get(var) if var else None
-    if var:
-        os.environ[var] = value
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for k, v in caches:
-                op(q, k, v, mask, 0.088)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            outs = [op(q, k, v, mask, 0.088) for k, v in caches]
-    finally:
-        if var:
-            os.environ.pop(var, None)
-            if saved is not None:
-                os.environ[var] = saved
-    return g, outs
 
 
 def replay_us(g, calls, replays=20):
@@ -68,7 +45,14 @@ def time_graph(b, hq, hkv, slots, pos, d=128, variants=(None,), layers=8):
     keep = torch.arange(slots, device="cuda") <= pos
     mask = torch.zeros(b, 1, 1, slots, device="cuda", dtype=dt).masked_fill(~keep, torch.finfo(dt).min)
     op = torch.ops.fusekit.decode_attention
-    graphs = {v: capture(op, q, caches, mask, v) for v in variants}
+
+    def graph(variant):  # one call per layer, captured with VAR=value set
+        var, _, value = (variant or "").partition("=")
+        g, outs = capture_output(lambda: [op(q, k, v, mask, 0.088) for k, v in caches], {var: value} if var else None)
+        assert g is not None, variant
+        return g, outs
+
+    graphs = {v: graph(v) for v in variants}
     ref = [op(q, k, v, mask, 0.088) for k, v in caches]
     for g, _ in graphs.values():
         g.replay()

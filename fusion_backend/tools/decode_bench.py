@@ -139,28 +139,16 @@ def step_variants(st: Step, variants: list[tuple[str, Callable[..., Any], dict[s
     with that environment set (fusekit's launches read FUSEKIT_* at each launch, so at the capture), from the same
     cache state at ``st.position``; its logits from two replays; ``rounds`` interleaved rounds of do_bench medians.
     Returns (ms per round, logits, max |replay 1 - replay 2|), each by name."""
-    import os
-
     from triton.testing import do_bench
 
     from .cuda_graphs import capture_output
 
     keys = {k for _, _, env in variants for k in env}
-    saved = {k: os.environ.get(k) for k in keys}
     graphs = {}
-    try:
-        for name, fn, env in variants:
-            for k in keys:
-                os.environ.pop(k, None)
-            os.environ.update(env)
-            st.restore()
-            graphs[name] = capture_output(st.repeated(fn))
-            assert graphs[name][0] is not None, f"{name}: the step could not be captured"
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None)
-            if v is not None:
-                os.environ[k] = v
+    for name, fn, env in variants:
+        st.restore()  # each captured with its own switches, the others' unset
+        graphs[name] = capture_output(st.repeated(fn), {k: env.get(k) for k in keys})
+        assert graphs[name][0] is not None, f"{name}: the step could not be captured"
     outs, noise = {}, {}
     for name, (g, out) in graphs.items():
         got = []
