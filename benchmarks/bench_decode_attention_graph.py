@@ -16,7 +16,7 @@ from fusion_backend.tools.cuda_graphs import capture_output
 SHAPES = [  # (name, batch, query heads, KV heads, cache slots, position[, head dim: 128])
     ("llama b1 @1024", 1, 16, 4, 4096, 1024), ("llama b1 @4000", 1, 16, 4, 4096, 4000),
     ("llama b32 @128", 32, 16, 4, 4096, 128), ("llama b32 @1024", 32, 16, 4, 4096, 1024),
-    ("llama b32 @4000", 32, 16, 4, 4096, 4000), ("qwen2 b1 @1024", 1, 12, 2, 4096, 1024),
+    ("llama b32 @4000", 32, 16, 4, 4096, 4000), ("llama b64 @1024", 64, 16, 4, 4096, 1024), ("qwen2 b1 @1024", 1, 12, 2, 4096, 1024),
     ("qwen2 b1 @4000", 1, 12, 2, 4096, 4000), ("qwen2 b32 @1024", 32, 12, 2, 4096, 1024),
     ("mistral b1 window", 1, 16, 4, 1024, 1023), ("mistral b32 window", 32, 16, 4, 1024, 1023),
     ("gpt2 b32 @512", 32, 12, 12, 1024, 512, 64), ("gpt2 b32 @1000", 32, 12, 12, 1024, 1000, 64),

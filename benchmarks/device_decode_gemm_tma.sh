@@ -4,7 +4,7 @@
 # (benchmarks/probes/decode_gemm_op.py: the previous kernels, the selection, tmaearly), the Llama-style step with every
 # previous selection against the current one (benchmarks/probes/decode_gemm_step.py), memcheck over the TMA tests.
 # Also "dtests" (tests/test_decode_gpu.py), "suite" (the GPU suite but test_decode_gpu.py), "compile" (bench_compile.py), "bench" (fusekit bench --phase
-# decode, Llama-style @1024, BENCH_BATCHES). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, DEADLINE (s). Logs under $OUT.
+# decode, Llama-style @1024, BENCH_BATCHES). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, SAN_FILE, SAN_K, DEADLINE (s). Logs under $OUT.
 set -uo pipefail
 T0=$(date +%s)
 . benchmarks/device_setup.sh
@@ -51,7 +51,7 @@ if [[ " $PHASES " == *" compile "* ]]; then  # first-call compile times, medians
 fi
 if [[ " $PHASES " == *" san "* ]] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 60 ]; then
   timeout "$(left)" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernels_gpu.py -k "${SAN_K:-rows_splits and dtype1 and (tma3 or tma8 or tma002 or tmaearly)}" > "$OUT/memcheck.log" 2>&1
+    "${SAN_FILE:-tests/test_kernels_gpu.py}" -k "${SAN_K:-rows_splits and dtype1 and (tma3 or tma8 or tma002 or tmaearly)}" > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c "Invalid\|ERROR SUMMARY: [1-9]" "$OUT/memcheck.log") error lines): $(tail -1 "$OUT/memcheck.log")" | tee -a "$OUT/gpu.txt"
 fi
 (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .)

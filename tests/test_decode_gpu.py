@@ -53,7 +53,9 @@ def _check(q, k, v, mask, scale=0.0883, fn=op):
 
 SHAPES = [(1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (3, 4, 4, 16, 129, 256),
           (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (2, 16, 2, 16, 700, 128),
-          (1, 4, 1, 1, 70001, 64)]  # (the last: a long cache, 1094 blocks, its last one partial)
+          (1, 4, 1, 1, 70001, 64), (32, 16, 4, 1, 2500, 128), (16, 8, 8, 1, 2500, 64)]
+# (70001: a long cache, 1094 blocks, its last one partial; the last two: splits of 5 blocks, the 8-block
+# splits' code path, which batch 32 and 64 of a 4-row group take)
 
 
 # additive masks as users and transformers build them: -inf, float16's min (transformers' bf16 masks hold it

@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--position", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="", help="more FUSEKIT_DECODE_GEMM values for the current graph")
+    ap.add_argument("--no-previous", action="store_true", help="skip the previous selection (one compile less)")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     torch._inductor.config.fx_graph_cache = False  # its key does not see the rule settings changed here
@@ -52,17 +53,19 @@ def main():
             st = Step(a.model, "cuda", b, 4096)
             st.at(a.position)
             fns = {"inductor": torch.compile(st.model)}
-            with previous_rules():
-                fns["previous"] = torch.compile(st.model, backend=fusekit_backend())
-                st.restore()
-                st(fns["previous"])
+            if not a.no_previous:
+                with previous_rules():
+                    fns["previous"] = torch.compile(st.model, backend=fusekit_backend())
+                    st.restore()
+                    st(fns["previous"])
             fns["fusekit"] = torch.compile(st.model, backend=fusekit_backend())
             for name in ("inductor", "fusekit"):
                 st.restore()
                 st(fns[name])
-            variants = [("inductor", fns["inductor"], {}),
-                        ("fusekit, previous selection", fns["previous"], {"FUSEKIT_DECODE_GEMM": "old"}),
-                        ("fusekit", fns["fusekit"], {})]
+            variants = [("inductor", fns["inductor"], {})]
+            if not a.no_previous:
+                variants.append(("fusekit, previous selection", fns["previous"], {"FUSEKIT_DECODE_GEMM": "old"}))
+            variants.append(("fusekit", fns["fusekit"], {}))
             for v in filter(None, a.variants.split(",")):
                 var, _, value = v.rpartition("=")
                 variants.append((f"fusekit, {v}", fns["fusekit"], {var or "FUSEKIT_DECODE_GEMM": value}))

@@ -26,8 +26,8 @@
 // query rows on tensor cores (mma.sync m16n8k16, float32 sums; the probabilities are rounded to q's dtype
 // for P @ V, as PyTorch's fused SDPA kernels do): each visible key row is read once for all the rows of the
 // group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
-// combines them. Splits hold at most 4 blocks: a short visible prefix of a long cache still spreads over many
-// CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
+// combines them. Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
+// prefix of a long cache still spreads over many CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
 // sm_90+ each kernel launches with programmatic dependent launch (fusekit.h) and waits before its first access.
 // History (benchmarks/NOTES.md): the CUDA-core version before it issued ~2,900 instructions per warp at
 // batch 32 (Nsight Compute: 64% issue-active, 46% of DRAM bandwidth); the first tensor-core version
@@ -43,7 +43,10 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kBlockN = 64;     // keys per mask-skip block
-constexpr int kMaxChunk = 256;   // keys per split at most (4 blocks; the scores live in shared memory)
+// Keys per split at most (the scores live in shared memory): 8 blocks for 4 rows of D <= 128, else 4. Batch 32
+// and 64 of a 4-row group then take 8 splits instead of 16 (fewer CTAs that only read their mask; alone 1-2%
+// faster at b32/b64, the b64 step 2.4%, the b32 step within 0.2%: results/h100_decode_attention_chunk_order_ab_2026-11-26c.md).
+constexpr int max_chunk(int d, int rt) { return rt == 4 && d <= 128 ? 512 : 256; }
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kHiddenLog2 = -60000.f * kLog2e;  // a mask value at or below -60000 (in log2 units) hides
 
@@ -118,7 +121,7 @@ constexpr int kStages = 2;  // of the K/V ring (four, with 3 CTAs per SM, measur
 template <int D, int RT>
 constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
 
-// One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= 4 blocks of 64 keys). The
+// One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= max_chunk keys). The
 // mask first (each distinct mask row once), then K and V of the visible blocks through a ring of kStages
 // shared-memory stages (cp.async; rows XOR-swizzled by 16-byte chunk, so ldmatrix is conflict-free; q is read
 // while the first blocks are in flight), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the
@@ -131,7 +134,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   constexpr int CPR = D / 8;                          // 16-byte chunks per key row
   constexpr int RSTEP = kWarps * 32 / CPR;            // rows between one thread's copies
   constexpr int CPT = kBlockN / RSTEP;                // cp.async per thread per block
-  constexpr int KPT = kMaxChunk / (kWarps * 32);      // mask keys per thread per row
+  constexpr int MC = max_chunk(D, RT);
+  constexpr int KPT = MC / (kWarps * 32);             // mask keys per thread per row
   constexpr int DW = D / kWarps;                      // output dims per warp
   constexpr int NT = DW / 8;                          // n-tiles of 8 dims per warp
   extern __shared__ __align__(16) float smem[];
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   __shared__ float s_m[RT], s_l[RT];
   __shared__ int64_t s_moff[RT];
   __shared__ int s_src[RT];
-  __shared__ int s_vis[kMaxChunk / kBlockN];
+  __shared__ int s_vis[MC / kBlockN];
 
   pdl_wait();  // q, the cache and the mask: written by the kernels before
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -162,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     const int r = r0 + min(tid, nr - 1);
     s_moff[tid] = b * p.ms0 + (kvh * p.group + r / p.lq) * p.ms1 + (r % p.lq) * p.ms2;
   }
-  if (tid < kMaxChunk / kBlockN) s_vis[tid] = 0;
+  if (tid < MC / kBlockN) s_vis[tid] = 0;
   __syncthreads();
   if (tid < RT) {  // the first row with the same mask row ([B,1,1,S] masks: one row for the whole CTA)
     int src = tid;
@@ -194,10 +198,10 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   }
   __syncthreads();
   int nvis = 0;
-  uint32_t vlist = 0, vbits = 0;  // the visible blocks: their indices in order (8 bits each), and as bits
+  uint32_t vlist = 0, vbits = 0;  // the visible blocks: their indices in order (4 bits each), and as bits
   for (int blk = 0; blk < nblocks; ++blk) {
     if (s_vis[blk]) {
-      vlist |= blk << (8 * nvis++);
+      vlist |= blk << (4 * nvis++);
       vbits |= 1u << blk;
     }
   }
@@ -207,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     }
     return;
   }
-  const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (8 * n)) & 0xffu); };
+  const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (4 * n)) & 0xfu); };
 
   // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
   // Thread tid copies chunk ccol of rows crow + i RSTEP of each block: its offsets are fixed but for the block.
@@ -538,7 +542,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
-  opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(kMaxChunk));
+  opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(max_chunk(D, RT)));
   // Each kernel with PDL (fusekit.h): its launch overlaps the end of the kernel before it
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');
@@ -574,7 +578,7 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
 
-  // Splits: enough CTAs for ~8 per SM, at most kMaxChunk keys each (so that the CTAs a short visible prefix
+  // Splits: enough CTAs for ~8 per SM, at most max_chunk keys each (so that the CTAs a short visible prefix
   // keeps busy still fill the GPU; the others only read their mask), whole 64-key blocks.
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
   const int64_t target = 8 * static_cast<int64_t>(sm_count());
@@ -582,7 +586,8 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_SPLITS")) {  // A/Bs (read at each launch, so at a capture)
     splits = std::min(std::max(std::atoi(e), 1), nb);
   }
-  splits = std::max(splits, (nb + kMaxChunk / kBlockN - 1) / (kMaxChunk / kBlockN));
+  const int max_blocks = max_chunk(static_cast<int>(d), rt) / kBlockN;
+  splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
   const int chunk_blocks = (nb + splits - 1) / splits;
   splits = (nb + chunk_blocks - 1) / chunk_blocks;
   TORCH_CHECK(splits < 65536, "fusekit: decode_attention: cache too long: ", describe(k));
