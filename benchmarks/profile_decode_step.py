@@ -1,9 +1,13 @@
 """Where a decode step's GPU time goes: torch.profiler's kernel table for Inductor and fusekit (one Llama-style
 step, StaticCache of 4096 slots), and fusekit::decode_attention alone against its byte floor.
 python benchmarks/profile_decode_step.py [--batch 32] [--position 1024] [--out DIR]
-python benchmarks/profile_decode_step.py --op-only [--batches 1,8,32]: each kernel of the op alone (us per call)"""
+python benchmarks/profile_decode_step.py --op-only [--batches 1,8,32]: each kernel of the op alone (us per call)
+python benchmarks/profile_decode_step.py --timeline [--batch 32]: fusekit's step as a CUDA graph, each kernel's share
+of the step's critical path (how far it moves the step's last kernel end: with PDL, kernels overlap, so their
+durations add up to more than the step)"""
 import argparse
 import collections
+import json
 import pathlib
 import re
 
@@ -83,9 +87,66 @@ def op_kernels(batches, positions, s=4096, hkv=4, hq=16, d=128):
                   + f"; total {sum(us for _, us in parts):.1f} us for {vis / 1e6:.1f} MB visible", flush=True)
 
 
+def short(name):
+    """A kernel's name without its namespace, template arguments' namespaces and parameter list."""
+    name = re.sub(r"\(anonymous namespace\)::", "", name.replace("void ", ""))
+    return re.sub(r"\w+::", "", re.sub(r"\(.*", "", name))[:60]
+
+
+def timeline(st, fn, out, replays=10, gap_us=30.0):
+    """Replays of the step's CUDA graph under torch.profiler: per kernel name, us per step by which it moves the
+    step's last kernel end (the first kernel of a replay counts whole); replays are told apart by a gap."""
+    from fusion_backend.tools.cuda_graphs import capture_output
+
+    st.restore()
+    g, _ = capture_output(st.repeated(fn))
+    assert g is not None, "the step could not be captured"
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+            torch.cuda.synchronize()
+    trace = out / "timeline_trace.json"
+    prof.export_chrome_trace(str(trace))
+    ks = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in json.loads(trace.read_text())["traceEvents"]
+                if e.get("cat") == "kernel")
+    adv, dur, cnt = collections.Counter(), collections.Counter(), collections.Counter()
+    steps, end, walls, first, seq = 0, None, [], None, []  # seq: per replay, (start, duration, on path, name)
+    for t0, t1, name in ks:
+        if end is None or t0 - end > gap_us:  # a new replay
+            if end is not None:
+                walls.append(end - first)
+            steps, end, first = steps + 1, t0, t0
+            seq.append([])
+        n = short(name)
+        a = max(0.0, t1 - end)
+        adv[n] += a
+        dur[n] += t1 - t0
+        cnt[n] += 1
+        seq[-1].append((t0 - first, t1 - t0, a, n))
+        end = max(end, t1)
+    walls.append(end - first)
+    same = [r for r in seq if [x[3] for x in r] == [x[3] for x in seq[-1]]]  # replays with the same kernels
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    last = [f"{i:4d} {med([r[i][0] for r in same]):8.1f} {med([r[i][1] for r in same]):7.1f} "
+            f"{min(r[i][1] for r in same):6.1f}-{max(r[i][1] for r in same):5.1f} {med([r[i][2] for r in same]):7.1f}  {n}"
+            for i, (_, _, _, n) in enumerate(seq[-1])]
+    lines = [f"{steps} replays; step wall {sum(walls) / len(walls):.1f} us (first kernel start to last end); "
+             f"kernel time {sum(dur.values()) / steps:.1f} us per step",
+             f"{'kernel':60s} {'calls':>6s} {'us/step on path':>16s} {'us/step busy':>13s}"]
+    for n, us in adv.most_common():
+        lines.append(f"{n:60s} {cnt[n] / steps:6.0f} {us / steps:16.1f} {dur[n] / steps:13.1f}")
+    lines += ["", f"in order, medians over {len(same)} replays: index, start us, duration us (min-max), us on the path, "
+              "kernel"] + last
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--op-only", action="store_true")
+    ap.add_argument("--timeline", action="store_true")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--model", default="llama")
     ap.add_argument("--heads", default="16/4", help="--op-only: query heads / KV heads")
@@ -101,6 +162,15 @@ def main():
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     st = decode_bench.Step(a.model, "cuda", a.batch, 4096)
+    if a.timeline:
+        with torch.no_grad():
+            st.at(a.position)
+            fn = torch.compile(st.model, backend=backend())
+            st(fn)
+            text = timeline(st, fn, out)
+        (out / "timeline.txt").write_text(text)
+        print(f"== fusekit: b{a.batch} @{a.position}, CUDA graph\n{text}", flush=True)
+        return
     with torch.no_grad():
         for name, fn in (("inductor", torch.compile(st.model)), ("fusekit", torch.compile(st.model, backend=backend()))):
             torch._dynamo.reset()
