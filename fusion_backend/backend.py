@@ -63,7 +63,7 @@ def fusekit(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | 
     from torch._inductor.compile_fx import compile_fx
 
     from . import ops  # noqa: F401 - schemas must exist before any (cached) graph calls them
-    from .passes import FusekitPass
+    from .passes import DECODE_INDUCTOR, FusekitPass, inductor_config_value
 
     # A graph Inductor finds in its cache calls fusekit's ops without this pass running, so the kernels
     # must be loaded before the lookup (seen on an H200: a warm cache, a new process, "Could not run
@@ -73,26 +73,23 @@ def fusekit(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | 
 
         _ext.load_for_device()
     fk, patches = split_options(mode, options)
-    if "triton.enable_pdl" not in patches and _hopper_or_newer(example_inputs):
-        # Inductor's Triton kernels launched with programmatic dependent launch, as fusekit's decode kernels are,
-        # in graphs where a decode attention rule fires: the pass turns it on (passes.wants_inductor_pdl says why
-        # only there); the patch holds the key so that it goes back after the compile. The user's own setting
-        # (options={"triton.enable_pdl": ...}) is left alone.
-        patches["triton.enable_pdl"] = False
-        fk = dataclasses.replace(fk, inductor_pdl=True)
+    if _hopper_or_newer(example_inputs):
+        # Inductor's settings for graphs where a decode attention rule fires (passes.DECODE_INDUCTOR says which and
+        # why): the pass sets them; the patch holds each key at its current value, so that it goes back after the
+        # compile. A key the user set (options={"combo_kernels": ...}) is left alone, as is one this torch lacks.
+        keys = tuple(k for k in DECODE_INDUCTOR if k not in patches and inductor_config_value(k) is not None)
+        patches.update({k: inductor_config_value(k) for k in keys})
+        fk = dataclasses.replace(fk, inductor_decode=keys)
     user_post = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = FusekitPass(fk, user_post)
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def _hopper_or_newer(example_inputs: list[Any]) -> bool:
-    """Whether the graph runs on a CUDA GPU of compute capability 9.0 or later, with an Inductor that has
-    triton.enable_pdl."""
-    from torch._inductor import config as inductor_config
-
+    """Whether the graph runs on a CUDA GPU of compute capability 9.0 or later (not ROCm)."""
     dev = next((t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
-    return (dev is not None and hasattr(inductor_config.triton, "enable_pdl") and torch.version.hip is None
-            and torch.cuda.is_available() and torch.cuda.get_device_capability(dev)[0] >= 9)
+    return (dev is not None and torch.version.hip is None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(dev)[0] >= 9)
 
 
 def backend(mode: str | None = None, options: Mapping[str, Any] | None = None) -> Callable[..., Any]:

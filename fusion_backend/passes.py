@@ -38,7 +38,7 @@ class FusekitOptions:
     cpu_reference: bool = False
     verify: bool = False
     report: bool = False             # explain reused intermediates and keep the graph's code
-    inductor_pdl: bool = False       # PDL for Inductor's Triton kernels where a decode attention rule fired
+    inductor_decode: tuple[str, ...] = ()  # DECODE_INDUCTOR keys the pass sets where a decode attention rule fired
 
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
@@ -79,10 +79,11 @@ class FusekitPass(CustomGraphPass):
         except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
             record.errors.append(NearMiss.from_exc("<pass>", None, exc))
         record.left_to_inductor = _count(graph, fusekit=False)
-        if self.options.inductor_pdl and wants_inductor_pdl(record.sites):
-            # read by Inductor's Triton codegen later in this compile; the backend's config patch holds the key
-            # (False), so the value goes back when the compile ends
-            inductor_config.triton.enable_pdl = True
+        if self.options.inductor_decode and wants_decode_inductor(record.sites):
+            # read by Inductor's scheduler and Triton codegen later in this compile; the backend's config patch
+            # holds each key, so the values go back when the compile ends
+            for key in self.options.inductor_decode:
+                set_inductor_config(key, DECODE_INDUCTOR[key])
         if report:
             record.graph_code = str(graph)
         record.pass_s = time.perf_counter() - t0
@@ -122,13 +123,41 @@ class FusekitPass(CustomGraphPass):
                 skip.add(f.pattern)
 
 
-def wants_inductor_pdl(sites: Mapping[str, int]) -> bool:
-    """Whether Inductor's Triton kernels should launch with PDL in a graph whose fusekit sites are `sites`: where
-    a decode attention rule fired. Measured on an H100 (benchmarks/NOTES.md, thirteenth session), Llama-style
-    decode step in a CUDA graph: with fusekit's attention, b1 0.611 -> 0.598 ms, b32 0.898 -> 0.896 (and 0.631 ->
-    0.598, 0.917 -> 0.896 with fusekit's own kernels' PDL); Inductor's own step, whose repeat_kv copy and SDPA
-    stay, 7.19 -> 8.63 ms at b32. So graphs where no such rule fired keep Inductor's default."""
+# Inductor settings for the rest of a compile whose graph a decode attention rule rewrote (sm_90+: the backend
+# offers the keys the user did not set). Measured on an H100 (benchmarks/NOTES.md), Llama-style decode step @1024
+# in a CUDA graph:
+# - triton.enable_pdl (thirteenth session): Inductor's Triton kernels launch with programmatic dependent launch,
+#   as fusekit's decode kernels do: b1 0.611 -> 0.598 ms, b32 0.898 -> 0.896 (0.631 -> 0.598, 0.917 -> 0.896 with
+#   fusekit's own kernels' PDL); Inductor's own step, whose repeat_kv copy and SDPA stay, 7.19 -> 8.63 ms at b32.
+# - combo_kernels (seventeenth session): Inductor's independent small kernels (a layer's rotary embedding of q and
+#   of k with its cache write, v's cache write; the cache-length updates at the step's end) launched as one
+#   horizontal kernel: b32 0.8683 -> 0.8377 ms, b1 0.5771 -> 0.5497, logits bit-identical.
+# So graphs where no such rule fired keep Inductor's defaults.
+DECODE_INDUCTOR = {"triton.enable_pdl": True, "combo_kernels": True}
+
+
+def wants_decode_inductor(sites: Mapping[str, int]) -> bool:
+    """Whether a graph whose fusekit sites are `sites` compiles with DECODE_INDUCTOR: where a decode attention
+    rule fired."""
     return any(n and pid.startswith("decode.") for pid, n in sites.items())
+
+
+def inductor_config_value(key: str, default: Any = None) -> Any:
+    """Inductor's config value at a dotted key ("triton.enable_pdl"); `default` where this torch has no such key."""
+    obj = inductor_config
+    for part in key.split("."):
+        if not hasattr(obj, part):
+            return default
+        obj = getattr(obj, part)
+    return obj
+
+
+def set_inductor_config(key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    obj = inductor_config
+    for part in path:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
 
 
 def _reused_intermediates(graph: torch.fx.Graph, run: PassRun, pattern_ids: list[str],

@@ -238,21 +238,22 @@ def test_kernels_load_before_inductor_for_cuda_graphs(monkeypatch):
     assert events == ["compile"], events
 
 
-@pytest.mark.parametrize("capability, options, want", [((9, 0), None, True), ((8, 0), None, False),
-                                                       ((9, 0), {"triton.enable_pdl": False}, False)])
-def test_inductor_pdl_offered_on_hopper_unless_set(monkeypatch, capability, options, want):
-    """On sm_90+ the backend lets its pass turn on Inductor's PDL (where a decode attention rule fires; see the next
-    test), holding the config key so that it goes back after the compile; not before sm_90, and never against
-    the user's own setting. Checked with fake CUDA inputs, the device's capability stubbed and compile_fx stubbed."""
+@pytest.mark.parametrize("capability, options, want", [
+    ((9, 0), None, ("triton.enable_pdl", "combo_kernels")), ((8, 0), None, ()),
+    ((9, 0), {"triton.enable_pdl": False}, ("combo_kernels",)), ((9, 0), {"combo_kernels": False}, ("triton.enable_pdl",))])
+def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capability, options, want):
+    """On sm_90+ the backend lets its pass set Inductor's decode settings (passes.DECODE_INDUCTOR, where a decode
+    attention rule fires; see the next test), holding each config key at its current value so that it goes back
+    after the compile; not before sm_90, and never a key the user set. Checked with fake CUDA inputs, the device's
+    capability stubbed and compile_fx stubbed."""
     from torch._inductor import compile_fx as cfx
-    from torch._inductor import config as inductor_config
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fusion_backend import _ext
     from fusion_backend.backend import fusekit
+    from fusion_backend.passes import inductor_config_value
 
-    if not hasattr(inductor_config.triton, "enable_pdl"):
-        pytest.skip("this torch's Inductor has no triton.enable_pdl")
+    want = tuple(k for k in want if inductor_config_value(k) is not None)  # (keys this torch has)
     seen = {}
     monkeypatch.setattr(_ext, "load_for_device", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -262,36 +263,39 @@ def test_inductor_pdl_offered_on_hopper_unless_set(monkeypatch, capability, opti
     with FakeTensorMode():
         cuda_inputs = [torch.empty(4, device="cuda"), torch.empty(4, device="cuda")]
     fusekit(gm, cuda_inputs, options=options)
-    assert seen["post_grad_custom_post_pass"].options.inductor_pdl is want, seen
-    assert seen.get("triton.enable_pdl", "unset") == (False if want or options else "unset"), seen
+    assert seen["post_grad_custom_post_pass"].options.inductor_decode == want, seen
+    for key in ("triton.enable_pdl", "combo_kernels"):  # held at its value, the user's, or not patched at all
+        assert seen.get(key, "unset") == (inductor_config_value(key) if key in want else
+                                          (options or {}).get(key, "unset")), (key, seen)
     seen.clear()
-    fusekit(gm, [torch.randn(4), torch.randn(4)])  # CPU inputs: Inductor's default
-    assert "triton.enable_pdl" not in seen and not seen["post_grad_custom_post_pass"].options.inductor_pdl, seen
+    fusekit(gm, [torch.randn(4), torch.randn(4)])  # CPU inputs: Inductor's defaults
+    assert not seen["post_grad_custom_post_pass"].options.inductor_decode, seen
+    assert "triton.enable_pdl" not in seen and "combo_kernels" not in seen, seen
 
 
 @pytest.mark.parametrize("decode", [True, False])
-def test_pass_turns_inductor_pdl_on_where_decode_attention_fired(monkeypatch, decode):
-    """The pass sets Inductor's triton.enable_pdl for the rest of a compile where a decode attention rule fired
-    (the tiny Llama's decode step on CPU, with the backend told it runs on sm_90+), not where none did (the same
-    model's 32-token prompt), and the value is back to what it was after the compile. Seen by a user post pass, which
-    runs after fusekit's."""
+def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeypatch, decode):
+    """The pass sets Inductor's triton.enable_pdl and combo_kernels for the rest of a compile where a decode
+    attention rule fired (the tiny Llama's decode step on CPU, with the backend told it runs on sm_90+), not where
+    none did (the same model's 32-token prompt), and the values are back to what they were after the compile. Seen
+    by a user post pass, which runs after fusekit's."""
     import importlib
 
-    from torch._inductor import config as inductor_config
-
+    from fusion_backend.passes import DECODE_INDUCTOR, inductor_config_value
     from fusion_backend.tools import decode_bench
 
     backend_mod = importlib.import_module("fusion_backend.backend")  # (the package's `backend` is the function)
 
-    if not hasattr(inductor_config.triton, "enable_pdl"):
-        pytest.skip("this torch's Inductor has no triton.enable_pdl")
+    keys = [k for k in DECODE_INDUCTOR if inductor_config_value(k) is not None]
+    if not keys:
+        pytest.skip("this torch's Inductor has none of the decode settings")
     monkeypatch.setattr(backend_mod, "_hopper_or_newer", lambda inputs: True)
     seen = []
 
     def probe(graph):
-        seen.append(inductor_config.triton.enable_pdl)
+        seen.append({k: inductor_config_value(k) for k in keys})
 
-    before = inductor_config.triton.enable_pdl
+    before = {k: inductor_config_value(k) for k in keys}
     torch._dynamo.reset()
     compiled = torch.compile(backend=backend_mod.backend(options={"cpu_reference": True,
                                                                  "post_grad_custom_post_pass": probe}))
@@ -304,5 +308,5 @@ def test_pass_turns_inductor_pdl_on_where_decode_attention_fired(monkeypatch, de
             st = decode_bench.Prompt("llama", "cpu", 2, 32, 64)  # (decode rules take 1-16 query rows)
             st(compiled(st.model))
     torch._dynamo.reset()
-    assert seen and seen[-1] is decode, seen
-    assert inductor_config.triton.enable_pdl == before
+    assert seen and seen[-1] == ({k: DECODE_INDUCTOR[k] for k in keys} if decode else before), seen
+    assert {k: inductor_config_value(k) for k in keys} == before

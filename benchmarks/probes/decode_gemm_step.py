@@ -43,6 +43,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="", help="more FUSEKIT_DECODE_GEMM values for the current graph")
     ap.add_argument("--no-previous", action="store_true", help="skip the previous selection (one compile less)")
+    ap.add_argument("--inductor", default="", help="comma-separated KEY=VALUE Inductor settings (ints), each a fusekit "
+                    "graph compiled with it as a backend option (e.g. combo_kernels=0)")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     torch._inductor.config.fx_graph_cache = False  # its key does not see the rule settings changed here
@@ -62,10 +64,18 @@ def main():
             for name in ("inductor", "fusekit"):
                 st.restore()
                 st(fns[name])
+            patched = []
+            for kv in filter(None, a.inductor.split(",")):
+                key, _, value = kv.partition("=")
+                fns[kv] = torch.compile(st.model, backend=fusekit_backend(options={key: bool(int(value))}))
+                st.restore()
+                st(fns[kv])
+                patched.append((f"fusekit, Inductor {kv}", fns[kv], {}))
             variants = [("inductor", fns["inductor"], {})]
             if not a.no_previous:
                 variants.append(("fusekit, previous selection", fns["previous"], {"FUSEKIT_DECODE_GEMM": "old"}))
             variants.append(("fusekit", fns["fusekit"], {}))
+            variants += patched
             for v in filter(None, a.variants.split(",")):
                 var, _, value = v.rpartition("=")
                 variants.append((f"fusekit, {v}", fns["fusekit"], {var or "FUSEKIT_DECODE_GEMM": value}))

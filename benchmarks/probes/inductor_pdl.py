@@ -1,6 +1,6 @@
 """Inductor alone, its Triton kernels with programmatic dependent launch or without (TORCHINDUCTOR_ENABLE_PDL, read
 at import: run once per setting): a decode step replayed as a CUDA graph. Whether Inductor's PDL would help a
-graph where no fusekit decode attention rule fires (the backend leaves it off there; passes.wants_inductor_pdl).
+graph where no fusekit decode attention rule fires (the backend leaves it off there; passes.DECODE_INDUCTOR).
 
     TORCHINDUCTOR_ENABLE_PDL=1 python benchmarks/probes/inductor_pdl.py --models gpt2 --batches 1,32
 """
