@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any, Callable, Mapping
 
 import torch
+
+log = logging.getLogger("fusion_backend")
+
 
 def _as_names(v: Any, key: str) -> tuple[str, ...]:
     if isinstance(v, str):
@@ -81,8 +85,22 @@ def fusekit(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | 
         patches.update({k: inductor_config_value(k) for k in keys})
         fk = dataclasses.replace(fk, inductor_decode=keys)
     user_post = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
-    patches["post_grad_custom_post_pass"] = FusekitPass(fk, user_post)
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    patches["post_grad_custom_post_pass"] = fk_pass = FusekitPass(fk, user_post)
+    try:
+        return compile_fx(gm, example_inputs, config_patches=patches)
+    except Exception as exc:
+        # Inductor's decode settings were measured on the graphs the benchmarks compile; where Inductor fails with
+        # them, the graph compiles again without them rather than fail the user's torch.compile. (Dynamo's own
+        # control-flow exceptions, e.g. a restart of the analysis, and failures without those settings propagate.)
+        control = tuple(getattr(torch._dynamo.exc, n) for n in ("RestartAnalysis", "SkipFrame", "ResetRequired")
+                        if hasattr(torch._dynamo.exc, n))
+        if not fk_pass.decode_inductor_set or isinstance(exc, control):
+            raise
+        log.warning("fusekit: Inductor failed with its decode settings %s (%s: %s); compiling without them",
+                    list(fk.inductor_decode), type(exc).__name__, exc)
+        patches = {k: v for k, v in patches.items() if k not in fk.inductor_decode}
+        patches["post_grad_custom_post_pass"] = FusekitPass(dataclasses.replace(fk, inductor_decode=()), user_post)
+        return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def _hopper_or_newer(example_inputs: list[Any]) -> bool:

@@ -56,6 +56,7 @@ def source_files() -> tuple[str, ...]:
 class FusekitPass(CustomGraphPass):
     def __init__(self, options: FusekitOptions, user_pass: Any = None) -> None:
         self.options, self.user_pass = options, user_pass
+        self.decode_inductor_set = False  # the pass set options.inductor_decode's Inductor settings
 
     def uuid(self) -> str | None:
         if self.user_pass is not None and not hasattr(self.user_pass, "uuid"):
@@ -84,6 +85,7 @@ class FusekitPass(CustomGraphPass):
             # holds each key, so the values go back when the compile ends
             for key in self.options.inductor_decode:
                 set_inductor_config(key, DECODE_INDUCTOR[key])
+            self.decode_inductor_set = True  # (the backend compiles again without them if Inductor then fails)
         if report:
             record.graph_code = str(graph)
         record.pass_s = time.perf_counter() - t0

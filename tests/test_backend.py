@@ -310,3 +310,52 @@ def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeyp
     torch._dynamo.reset()
     assert seen and seen[-1] == ({k: DECODE_INDUCTOR[k] for k in keys} if decode else before), seen
     assert {k: inductor_config_value(k) for k in keys} == before
+
+
+def test_compiles_again_without_the_decode_settings_if_inductor_fails_with_them(monkeypatch, caplog):
+    """Where Inductor fails after the pass set its decode settings (simulated: a user post pass, which runs after
+    fusekit's, raises while combo_kernels is on), the backend compiles the graph again without them: the step runs
+    and gives the uncompiled model's logits, and the log says why. A failure without those settings propagates."""
+    import importlib
+
+    from fusion_backend.passes import inductor_config_value
+    from fusion_backend.tools import decode_bench
+
+    backend_mod = importlib.import_module("fusion_backend.backend")
+    if inductor_config_value("combo_kernels") is None:
+        pytest.skip("this torch's Inductor has no combo_kernels")
+    monkeypatch.setattr(backend_mod, "_hopper_or_newer", lambda inputs: True)
+    calls = []
+
+    def fails_with_combo(graph):
+        calls.append(inductor_config_value("combo_kernels"))
+        if inductor_config_value("combo_kernels"):
+            raise RuntimeError("simulated Inductor failure")
+
+    st = decode_bench.Step("llama", "cpu", 2, 64)
+    st.at(40)
+    with torch.no_grad():
+        want = st(st.model).float()
+        torch._dynamo.reset()
+        compiled = torch.compile(st.model, backend=backend_mod.backend(options={
+            "cpu_reference": True, "post_grad_custom_post_pass": fails_with_combo}))
+        st.restore()
+        st.at(40)
+        with caplog.at_level("WARNING", logger="fusion_backend"):
+            got = st(compiled).float()
+    torch._dynamo.reset()
+    assert calls[:2] == [True, False], calls
+    assert "compiling without them" in caplog.text
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+    def always_fails(graph):
+        calls.append("always")
+        raise RuntimeError("a failure of its own")
+
+    calls.clear()
+    compiled = torch.compile(st.model, backend=backend_mod.backend(options={
+        "cpu_reference": True, "post_grad_custom_post_pass": always_fails}))
+    with torch.no_grad(), pytest.raises(Exception, match="a failure of its own"):
+        st(compiled)
+    torch._dynamo.reset()
+    assert calls == ["always", "always"], calls  # tried without the settings once, then raised
