@@ -4,7 +4,8 @@
 # (benchmarks/probes/decode_gemm_op.py: the previous kernels, the selection, tmaearly), the Llama-style step with every
 # previous selection against the current one (benchmarks/probes/decode_gemm_step.py), memcheck over the TMA tests.
 # Also "dtests" (tests/test_decode_gpu.py), "suite" (the GPU suite but test_decode_gpu.py), "compile" (bench_compile.py), "bench" (fusekit bench --phase
-# decode, Llama-style @1024, BENCH_BATCHES). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, SAN_FILE, SAN_K, DEADLINE (s). Logs under $OUT.
+# decode, Llama-style @1024, BENCH_BATCHES). Env: PHASES (default "tests op step san"), ROWS, LINEARS, BATCHES, VARIANTS, STEP_VARIANTS, STEP_ARGS (more
+# decode_gemm_step.py arguments, e.g. "--no-previous --inductor combo_kernels=0"), SAN_FILE, SAN_K, DEADLINE (s). Logs under $OUT.
 set -uo pipefail
 T0=$(date +%s)
 . benchmarks/device_setup.sh
@@ -34,7 +35,7 @@ if [[ " $PHASES " == *" op "* ]]; then
     | grep "^|" | tail -30
 fi
 if [[ " $PHASES " == *" step "* ]]; then
-  timeout "$(left)" python3 benchmarks/probes/decode_gemm_step.py --batches "${BATCHES:-32,8,1}" --variants "${STEP_VARIANTS:-}" \
+  timeout "$(left)" python3 benchmarks/probes/decode_gemm_step.py --batches "${BATCHES:-32,8,1}" --variants "${STEP_VARIANTS:-}" ${STEP_ARGS:-} \
     2>&1 | grep -v -i warn > "$OUT/step.log"
   grep "max |logits\|^|" "$OUT/step.log" | tail -20
   grep -i "error\|Traceback" "$OUT/step.log" | head -5
