@@ -113,12 +113,12 @@ def timeline(st, fn, out, replays=10, gap_us=30.0):
     ks = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in json.loads(trace.read_text())["traceEvents"]
                 if e.get("cat") == "kernel")
     adv, dur, cnt = collections.Counter(), collections.Counter(), collections.Counter()
-    steps, end, walls, first, seq = 0, None, [], None, []  # seq: per replay, (start, duration, on path, name)
+    end, walls, first, seq = None, [], None, []  # seq: per replay, (start, duration, on path, name)
     for t0, t1, name in ks:
         if end is None or t0 - end > gap_us:  # a new replay
             if end is not None:
                 walls.append(end - first)
-            steps, end, first = steps + 1, t0, t0
+            end, first = t0, t0
             seq.append([])
         n = short(name)
         a = max(0.0, t1 - end)
@@ -128,6 +128,7 @@ def timeline(st, fn, out, replays=10, gap_us=30.0):
         seq[-1].append((t0 - first, t1 - t0, a, n))
         end = max(end, t1)
     walls.append(end - first)
+    steps = len(seq)
     same = [r for r in seq if [x[3] for x in r] == [x[3] for x in seq[-1]]]  # replays with the same kernels
     med = lambda xs: sorted(xs)[len(xs) // 2]
     last = [f"{i:4d} {med([r[i][0] for r in same]):8.1f} {med([r[i][1] for r in same]):7.1f} "

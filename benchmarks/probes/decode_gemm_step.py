@@ -43,8 +43,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="", help="more FUSEKIT_DECODE_GEMM values for the current graph")
     ap.add_argument("--no-previous", action="store_true", help="skip the previous selection (one compile less)")
-    ap.add_argument("--inductor", default="", help="comma-separated KEY=VALUE Inductor settings (ints), each a fusekit "
-                    "graph compiled with it as a backend option (e.g. combo_kernels=0)")
+    ap.add_argument("--inductor", default="", help="comma-separated KEY=0|1 Inductor switches, each a fusekit graph "
+                    "compiled with it as a backend option (e.g. combo_kernels=0)")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     torch._inductor.config.fx_graph_cache = False  # its key does not see the rule settings changed here
