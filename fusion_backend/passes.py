@@ -134,8 +134,11 @@ class FusekitPass(CustomGraphPass):
 # - combo_kernels (seventeenth session): Inductor's independent small kernels (a layer's rotary embedding of q and
 #   of k with its cache write, v's cache write; the cache-length updates at the step's end) launched as one
 #   horizontal kernel: b32 0.8683 -> 0.8377 ms, b1 0.5771 -> 0.5497, logits bit-identical.
+# - combo_kernels_pointwise_only (eighteenth session): reductions stay out of the combo kernels. With them in, the
+#   step's first kernel combined layer 0's RMSNorm with other reductions into one that took 13.4 us at b32 (the
+#   RMSNorm alone ~2.6): b32 0.8441 -> 0.8322 ms, b1 0.5485 -> 0.5480, logits bit-identical.
 # So graphs where no such rule fired keep Inductor's defaults.
-DECODE_INDUCTOR = {"triton.enable_pdl": True, "combo_kernels": True}
+DECODE_INDUCTOR = {"triton.enable_pdl": True, "combo_kernels": True, "combo_kernels_pointwise_only": True}
 
 
 def wants_decode_inductor(sites: Mapping[str, int]) -> bool:

@@ -239,8 +239,9 @@ def test_kernels_load_before_inductor_for_cuda_graphs(monkeypatch):
 
 
 @pytest.mark.parametrize("capability, options, want", [
-    ((9, 0), None, ("triton.enable_pdl", "combo_kernels")), ((8, 0), None, ()),
-    ((9, 0), {"triton.enable_pdl": False}, ("combo_kernels",)), ((9, 0), {"combo_kernels": False}, ("triton.enable_pdl",))])
+    ((9, 0), None, ("triton.enable_pdl", "combo_kernels", "combo_kernels_pointwise_only")), ((8, 0), None, ()),
+    ((9, 0), {"triton.enable_pdl": False}, ("combo_kernels", "combo_kernels_pointwise_only")),
+    ((9, 0), {"combo_kernels": False}, ("triton.enable_pdl", "combo_kernels_pointwise_only"))])
 def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capability, options, want):
     """On sm_90+ the backend lets its pass set Inductor's decode settings (passes.DECODE_INDUCTOR, where a decode
     attention rule fires; see the next test), holding each config key at its current value so that it goes back
@@ -251,7 +252,7 @@ def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capa
 
     from fusion_backend import _ext
     from fusion_backend.backend import fusekit
-    from fusion_backend.passes import inductor_config_value
+    from fusion_backend.passes import DECODE_INDUCTOR, inductor_config_value
 
     want = tuple(k for k in want if inductor_config_value(k) is not None)  # (keys this torch has)
     seen = {}
@@ -264,18 +265,18 @@ def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capa
         cuda_inputs = [torch.empty(4, device="cuda"), torch.empty(4, device="cuda")]
     fusekit(gm, cuda_inputs, options=options)
     assert seen["post_grad_custom_post_pass"].options.inductor_decode == want, seen
-    for key in ("triton.enable_pdl", "combo_kernels"):  # held at its value, the user's, or not patched at all
+    for key in DECODE_INDUCTOR:  # held at its value, the user's, or not patched at all
         assert seen.get(key, "unset") == (inductor_config_value(key) if key in want else
                                           (options or {}).get(key, "unset")), (key, seen)
     seen.clear()
     fusekit(gm, [torch.randn(4), torch.randn(4)])  # CPU inputs: Inductor's defaults
     assert not seen["post_grad_custom_post_pass"].options.inductor_decode, seen
-    assert "triton.enable_pdl" not in seen and "combo_kernels" not in seen, seen
+    assert not set(DECODE_INDUCTOR) & set(seen), seen
 
 
 @pytest.mark.parametrize("decode", [True, False])
 def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeypatch, decode):
-    """The pass sets Inductor's triton.enable_pdl and combo_kernels for the rest of a compile where a decode
+    """The pass sets Inductor's decode settings (triton.enable_pdl, combo_kernels, ...) for the rest of a compile where a decode
     attention rule fired (the tiny Llama's decode step on CPU, with the backend told it runs on sm_90+), not where
     none did (the same model's 32-token prompt), and the values are back to what they were after the compile. Seen
     by a user post pass, which runs after fusekit's."""
