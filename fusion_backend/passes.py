@@ -136,7 +136,9 @@ class FusekitPass(CustomGraphPass):
 #   horizontal kernel: b32 0.8683 -> 0.8377 ms, b1 0.5771 -> 0.5497, logits bit-identical.
 # - combo_kernels_pointwise_only (eighteenth session): reductions stay out of the combo kernels. With them in, the
 #   step's first kernel combined layer 0's RMSNorm with other reductions into one that took 13.4 us at b32 (the
-#   RMSNorm alone ~2.6): b32 0.8441 -> 0.8322 ms, b1 0.5485 -> 0.5480, logits bit-identical.
+#   RMSNorm alone ~2.6). As the backend sets it, against options={"combo_kernels_pointwise_only": False}: b32
+#   0.8497 -> 0.8406 ms, b1 0.5491 -> 0.5487, Qwen2-/Mistral-style b32 within 0.1%, logits bit-identical
+#   (results/h100_decode_pointwise_only_ab_2026-11-26d.md).
 # So graphs where no such rule fired keep Inductor's defaults.
 DECODE_INDUCTOR = {"triton.enable_pdl": True, "combo_kernels": True, "combo_kernels_pointwise_only": True}
 
