@@ -2,7 +2,8 @@
 fusekit with the previous selection (the plain-linear rule off, gate/up up to 8 rows, decode_linear_kernel:
 FUSEKIT_DECODE_GEMM=old, read at each launch) and fusekit as it is now (the TMA kernel on sm_90a: every decode
 linear up to 64 rows), plus each variant given (a FUSEKIT_DECODE_GEMM value, or VAR=value for another of
-fusekit's launch switches, e.g. FUSEKIT_DECODE_ATTN=grid), all captured in one process, logits compared.
+fusekit's launch switches, e.g. FUSEKIT_DECODE_ATTN=grid, or several joined by '+'), all captured in one process,
+logits compared.
 
     python benchmarks/probes/decode_gemm_step.py --batches 32,8 --position 1024 --variants tmaearly,FUSEKIT_DECODE_ATTN=grid
 """
@@ -76,9 +77,12 @@ def main():
                 variants.append(("fusekit, previous selection", fns["previous"], {"FUSEKIT_DECODE_GEMM": "old"}))
             variants.append(("fusekit", fns["fusekit"], {}))
             variants += patched
-            for v in filter(None, a.variants.split(",")):
-                var, _, value = v.rpartition("=")
-                variants.append((f"fusekit, {v}", fns["fusekit"], {var or "FUSEKIT_DECODE_GEMM": value}))
+            for v in filter(None, a.variants.split(",")):  # VAR=value, or several joined by '+'
+                env = {}
+                for part in v.split("+"):
+                    var, _, value = part.rpartition("=")
+                    env[var or "FUSEKIT_DECODE_GEMM"] = value
+                variants.append((f"fusekit, {v}", fns["fusekit"], env))
             times, outs, noise = step_variants(st, variants, a.rounds)
             for name in outs:
                 print(f"b{b} {name}: max |logits - inductor| {(outs[name] - outs['inductor']).abs().max().item():.3g} "
