@@ -575,9 +575,9 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_CTAS")) {  // (experiment) at most N CTAs per SM
     const int n = std::min(std::max(std::atoi(e), 1), 8);
     smem = std::max(smem, static_cast<size_t>(233472 / (n + 1) - 1024 - 256 + 512));
-    smem = std::min(smem, static_cast<size_t>(227 * 1024));
+    smem = std::min(smem, static_cast<size_t>(200 * 1024));
     C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        227 * 1024));
+                                        200 * 1024));
   }
   launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem, stream,
             pdl, 0, p);
