@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent GPU: L2 prefetch ahead of the rings (decode_attention's FUSEKIT_DECODE_ATTN_PREFETCH items,
+# One call on the lent GPU, with benchmarks/attempts/decode_l2_prefetch_ahead_and_ctas.patch applied (git apply): L2 prefetch ahead of the rings (decode_attention's FUSEKIT_DECODE_ATTN_PREFETCH items,
 # the TMA decode GEMM's FUSEKIT_DECODE_GEMM_L2AHEAD stages), A/B in the Llama-style step (decode_gemm_step.py) and
 # decode_attention alone (bench_decode_attention_graph.py). Env: STEP_VARIANTS, ATTN_VARIANTS, ATTN_SHAPES, BATCHES,
 # PHASES ("step attn dtests"), DEADLINE (s). Logs under $OUT.

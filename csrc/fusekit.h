@@ -156,14 +156,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// Asks L2 to fetch `bytes` (a multiple of 16, from a 16-byte-aligned address) ahead of the loads that will read
-// them (sm_90+: one bulk request, no registers, nothing to wait for; a no-op on older archs).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched by launch_ex with pdl set may start while
 // the kernel before it on the stream is still running (its launch, and what it does before pdl_wait, overlap
 // that kernel's tail; Inductor's Triton kernels do the same under triton.enable_pdl). So it calls pdl_wait()

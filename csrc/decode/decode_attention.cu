@@ -65,7 +65,6 @@ struct Params {
   int64_t rows_total;  // B * Hq * Lq
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
   int finite_mask;   // 1: an additive mask, whose finite values can hide a whole row
-  int prefetch;      // > 0: the visible block this many ring items ahead is requested into L2 (rows contiguous)
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
 };
 
@@ -221,17 +220,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + crow * p.vs2 + ccol * 8;
   const int sw[2] = {crow * D + (ccol ^ (crow & 7)) * 8, crow * D + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
   const int items = 2 * nvis;
-  // L2 prefetch of a later item (one bulk request by thread 0): the ring holds NS blocks, but the loads of a
-  // CTA's next blocks are then already on their way from DRAM, so that a block's wait is an L2 round trip.
-  const auto prefetch = [&](int item) {
-    if (item < items) {
-      const bool is_v = item >= nvis;
-      const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
-      const T* src = static_cast<const T*>(is_v ? p.v : p.k) + b * (is_v ? p.vs0 : p.ks0) +
-                     kvh * (is_v ? p.vs1 : p.ks1) + static_cast<int64_t>(k0) * D;
-      prefetch_l2_bulk(src, static_cast<uint32_t>(min(kBlockN, p.s - k0) * D * sizeof(T)));
-    }
-  };
   const auto issue = [&](int item) {
     if (item < items) {
       const bool is_v = item >= nvis;
@@ -251,14 +239,10 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
         }
       }
     }
-    if (p.prefetch > 0 && tid == 0) prefetch(item + p.prefetch);
     cp_async_commit();  // empty past the last item: one group per step
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);
-  if (tid == 0) {
-    for (int i = NS; i < p.prefetch; ++i) prefetch(i);  // (items before NS are loaded now)
-  }
 
   uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows), read meanwhile
   {
@@ -555,14 +539,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// Ring items (64-key blocks of K, then of V) requested into L2 ahead of the ring: FUSEKIT_DECODE_ATTN_PREFETCH (A/Bs;
-// read at each launch, so at a capture), else kPrefetchItems.
-constexpr int kPrefetchItems = 0;
-int prefetch_items() {
-  if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_PREFETCH")) return std::min(std::max(std::atoi(e), 0), 16);
-  return kPrefetchItems;
-}
-
 template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
@@ -571,15 +547,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  size_t smem = smem_for(p.chunk);
-  if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_CTAS")) {  // (experiment) at most N CTAs per SM
-    const int n = std::min(std::max(std::atoi(e), 1), 8);
-    smem = std::max(smem, static_cast<size_t>(233472 / (n + 1) - 1024 - 256 + 512));
-    smem = std::min(smem, static_cast<size_t>(200 * 1024));
-    C10_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<T, D, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        200 * 1024));
-  }
-  launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem, stream,
+  launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
             pdl, 0, p);
   if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(D), 0, stream, pdl, 0, p);
   if (p.hidden) {  // one split: no combine to recompute the hidden rows in
@@ -648,8 +616,6 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   p.s = static_cast<int>(S), p.group = group, p.rows = rows, p.zchunks = zchunks;
   p.chunk = chunk_blocks * kBlockN, p.splits = splits;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  p.prefetch = prefetch_items();
-  if (k.stride(2) != d || v.stride(2) != d) p.prefetch = 0;  // a block's rows must be one contiguous range
   at::Tensor part_o, part_ml, hidden;
   p.finite_mask = p.mask_kind == kSameMask || p.mask_kind == kFloatMask;  // finite values can hide a row
   if (p.finite_mask && splits == 1) {

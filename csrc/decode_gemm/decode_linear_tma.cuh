@@ -45,7 +45,6 @@ struct TmaParams {
   int kb_per_split;  // 64-wide k blocks per split
   int stages;
   int early;         // 1: the first stages' weight tiles are issued before pdl_wait
-  int l2_ahead;      // > 0: the weight tiles this many stages past the ring's newest are requested into L2
 };
 
 // A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
@@ -74,10 +73,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                ::"r"(smem_u32(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
-}
-// Asks L2 for a box of the tensor map at (c0 = k, c1 = row) (nothing to wait for: the ring's load of it later hits L2).
-__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap* map, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map), "r"(c0), "r"(c1) : "memory");
 }
 // K-major operand in 128-byte-swizzled rows (8-row groups 1024 bytes apart); a k16 step adds 32 bytes.
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
@@ -201,14 +196,6 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
           tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * kTmaBK, 0, full + i % ns);
         }
       };
-      const auto ahead = [&](int i) {  // stage i's weight tiles into L2 (after pdl_wait: see decode_gemm_tma_l2_prefetch)
-        if (i < nk) {
-#pragma unroll
-          for (int w = 0; w < NW; ++w)
-#pragma unroll
-            for (int b = 0; b < KB; ++b) tma_prefetch_l2(wm[w], (kb0 + i) * SK + b * kTmaBK, n0);
-        }
-      };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
         for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i);
         pdl_wait();
@@ -217,13 +204,11 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
         pdl_wait();
         for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i), xs(i);
       }
-      for (int i = pre; i < pre + tp.l2_ahead; ++i) ahead(i);
       for (int i = pre; i < nk; ++i) {
         mbar_wait(empty + i % ns, (i / ns - 1) & 1);  // the stage's last use is consumed
         mbar_expect_tx(full + i % ns, SB);
         weights(i);
         xs(i);
-        if (tp.l2_ahead > 0) ahead(i + tp.l2_ahead);
       }
     }
     __syncwarp();
@@ -341,14 +326,6 @@ inline int tma_stages(int asked, int per, int stage_bytes) {
   return std::max(2, std::min({asked > 0 ? asked : 3, fit, kTmaMaxStages, std::max(per, 2)}));
 }
 
-// Stages requested into L2 ahead of the ring: FUSEKIT_DECODE_GEMM_L2AHEAD (A/Bs; read at each launch, so at a
-// capture), else kTmaL2Ahead.
-constexpr int kTmaL2Ahead = 0;
-inline int tma_l2_ahead() {
-  if (const char* e = std::getenv("FUSEKIT_DECODE_GEMM_L2AHEAD")) return std::min(std::max(std::atoi(e), 0), 64);
-  return kTmaL2Ahead;
-}
-
 inline size_t tma_smem(int stages, int stage_bytes) { return 1024 + size_t(stages) * stage_bytes + 16 * stages; }
 
 // How many clusters of S CTAs with this shared memory the GPU holds at once (the occupancy API knows how the
@@ -406,7 +383,6 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
   tp.stages = tma_stages(stages, tp.kb_per_split, SB);
   tp.early = early;
-  tp.l2_ahead = tma_l2_ahead();
   launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB), stream, pdl_allowed(90, 'g'), s, tp);
   return true;
 }
