@@ -48,7 +48,6 @@ def split_options(mode: str | None, options: Mapping[str, Any] | None):
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
         report=bool(opts.pop("report", False)),
-        outer_products=bool(opts.pop("outer_products", True)),
     )
     patches: dict[str, Any] = {}
     if mode not in (None, "default"):

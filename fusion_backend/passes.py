@@ -22,7 +22,6 @@ from typing import Any, Mapping
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _ext, guards, matcher, registry, table, unpad
 from .guards import SiteFailure
@@ -40,7 +39,6 @@ class FusekitOptions:
     verify: bool = False
     report: bool = False             # explain reused intermediates and keep the graph's code
     inductor_decode: tuple[str, ...] = ()  # DECODE_INDUCTOR keys the pass sets where a decode attention rule fired
-    outer_products: bool = True      # bmm with K = 1 as a broadcast multiply (outer_products_as_multiplies)
 
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
@@ -115,8 +113,6 @@ class FusekitPass(CustomGraphPass):
                     _record_misses(run, misses)
                 unpad.restore(graph, padded)
                 absorb_output_casts(graph, record)
-                if self.options.outer_products:
-                    outer_products_as_multiplies(graph, record)
                 return
             except SiteFailure as f:
                 _restore(graph, backup)
@@ -124,7 +120,6 @@ class FusekitPass(CustomGraphPass):
                 record.nodes_replaced.clear()
                 record.fused_sites.clear()
                 record.output_casts.clear()
-                record.outer_products = 0
                 record.near_misses.clear()
                 record.errors.append(NearMiss.from_exc(f.pattern, f.node, f.exc))
                 skip.add(f.pattern)
@@ -224,31 +219,6 @@ def absorb_output_casts(graph: torch.fx.Graph, record: Any) -> None:
             user.replace_all_uses_with(node)
             graph.erase_node(user)
             record.output_casts[name] += 1
-
-
-def outer_products_as_multiplies(graph: torch.fx.Graph, record: Any) -> None:
-    """``bmm(a, b)`` with K = 1 (a [B, M, 1], b [B, 1, N]: an outer product per batch, as the rotary embedding's
-    ``inv_freq @ position_ids`` of Llama-family models) becomes ``a * b``, which Inductor fuses into the
-    kernels that read it (the cos/sin), where a BLAS call is a kernel of its own on the step's path (cuBLAS's
-    SIMT sgemm, 3.2 us per decode step on an H100). Same values: each element is the one product a K = 1
-    matmul sums (exact in the inputs' dtype or float32 before its rounding; with TF32 allowed the matmul would
-    round the inputs to TF32 first, the multiply does not). Only where no fusekit rule took the bmm."""
-    bmm = torch.ops.aten.bmm.default
-    for node in list(graph.find_nodes(op="call_function", target=bmm)):
-        if len(node.args) != 2 or node.kwargs:
-            continue
-        a, b = node.args
-        av, bv = (x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in (a, b))
-        if not isinstance(av, torch.Tensor) or not isinstance(bv, torch.Tensor) or av.dim() != 3 or bv.dim() != 3 \
-                or av.dtype != bv.dtype or not av.dtype.is_floating_point or "val" not in node.meta \
-                or not (statically_known_true(av.shape[2] == 1) and statically_known_true(bv.shape[1] == 1)):
-            continue
-        with graph.inserting_before(node):
-            mul = graph.call_function(torch.ops.aten.mul.Tensor, (a, b))
-        mul.meta = dict(node.meta)  # (the bmm's value: [B, M, N], contiguous, its dtype)
-        node.replace_all_uses_with(mul)
-        graph.erase_node(node)
-        record.outer_products += 1
 
 
 _getitem = operator.getitem

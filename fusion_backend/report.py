@@ -44,10 +44,6 @@ class Report:
         return sum((g.output_casts for g in self.graphs), collections.Counter())
 
     @property
-    def outer_products(self) -> int:
-        return sum(g.outer_products for g in self.graphs)
-
-    @property
     def left_to_inductor(self) -> int:
         return sum(g.left_to_inductor for g in self.graphs)
 
@@ -74,7 +70,7 @@ class Report:
             "match_attempts": self.match_attempts,
             "nodes_before": sum(g.nodes_before for g in self.graphs),
             "left_to_inductor": self.left_to_inductor, "patterns": self.rows(),
-            "output_casts": dict(self.output_casts), "outer_products": self.outer_products,
+            "output_casts": dict(self.output_casts),
             "near_misses": [dataclasses.asdict(m) for m in self.near_misses],
             "errors": [dataclasses.asdict(e) for e in self.errors],
         }
@@ -85,8 +81,7 @@ class Report:
                  f"{sum(self.nodes_replaced.values())} of {before} ATen nodes replaced, "
                  f"{self.left_to_inductor} nodes left to Inductor; pass {self.pass_s:.2f} s, "
                  f"{self.match_attempts:,} match attempts"
-                 + "".join(f", {n} output cast(s) stored by fusekit::{op}" for op, n in self.output_casts.items())
-                 + (f", {self.outer_products} bmm(s) with K = 1 as a broadcast multiply" if self.outer_products else "")]
+                 + "".join(f", {n} output cast(s) stored by fusekit::{op}" for op, n in self.output_casts.items())]
         rows = [r for r in self.rows() if r["sites"] or r["near_misses"] or r["errors"]]
         if rows:
             w = max(len("pattern"), *(len(r["pattern"]) for r in rows))

@@ -39,7 +39,6 @@ class GraphRecord:
     fused_sites: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (pattern, site)
     # op -> output casts it now stores itself (passes.absorb_output_casts)
     output_casts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    outer_products: int = 0             # bmm with K = 1 left as a broadcast multiply (passes.outer_products_as_multiplies)
     graph_code: str = ""                # the graph after fusekit's pass (report mode only)
     match_attempts: int = 0             # pattern-matcher entries offered, summed over the graph's nodes
     pass_s: float = 0.0                 # the pass's wall time, this graph

@@ -217,7 +217,6 @@ def test_decode_step_fires_and_matches_inductor():
             fk = st(torch.compile(st.model, backend=backend())).float()
     rep = Report(list(records))
     assert rep.sites["decode.gqa"] == st.model.config.num_hidden_layers, str(rep)
-    assert rep.outer_products == 1, str(rep)  # the rotary angles' bmm (K = 1) as a multiply
     err, err_eager = (fk - ind).abs().max().item(), (eager - ind).abs().max().item()
     assert err <= 2 * err_eager + 1e-3, (err, err_eager)
 
