@@ -277,9 +277,9 @@ def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capa
 @pytest.mark.parametrize("decode", [True, False])
 def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeypatch, decode):
     """The pass sets Inductor's decode settings (triton.enable_pdl, combo_kernels, ...) for the rest of a compile
-    where a decode attention rule fired (the tiny Llama's decode step on CPU, with the backend told it runs on sm_90+), not where
-    none did (the same model's 32-token prompt), and the values are back to what they were after the compile. Seen
-    by a user post pass, which runs after fusekit's."""
+    where a decode attention rule fired (the tiny Llama's decode step on CPU, with the backend told it runs on
+    sm_90+), not where none did (the same model's 32-token prompt), and the values are back to what they were
+    after the compile. Seen by a user post pass, which runs after fusekit's."""
     import importlib
 
     from fusion_backend.passes import DECODE_INDUCTOR, inductor_config_value
