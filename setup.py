@@ -41,11 +41,10 @@ def _build_kernels() -> None:
     spec.loader.exec_module(ext)  # (the package itself cannot be imported before it is installed)
     if (sys.platform == "linux" and os.uname().machine == "x86_64" and arch == "9.0a"
             and not ext.cutlass_include()):
-        # pip builds this package before it installs the dependencies: nvidia-cutlass (declared for Linux
-        # x86-64) is not there yet, and a build without it would be replaced at first use by one with it
-        print("fusekit: the CUTLASS headers are not installed yet (nvidia-cutlass is installed after this "
-              "build): kernels build on first use; `pip install nvidia-cutlass==4.2.0.0` before fusekit builds "
-              "them here", flush=True)
+        # pip builds this package before it installs its extras: nvidia-cutlass (the `cuda` extra) is not there
+        # yet, and a build without it would be replaced at first use by one with it
+        print("fusekit: the CUTLASS headers are not installed yet (the `cuda` extra installs them after this "
+              "build): kernels build on first use or with `python -m fusion_backend.build`", flush=True)
         return
     try:
         print(f"fusekit: {ext.build(arch, root=ROOT / 'csrc')} (kernels for sm_{arch})", flush=True)

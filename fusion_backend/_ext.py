@@ -23,6 +23,9 @@ import time
 import torch
 
 NAME = "fusekit_cuda"
+# The build the rules' CUDA selection is stated for where no GPU is present (doctor, CPU reports): an H100/H200's,
+# whose sm_90a kernels are the ones the measured selection was made with.
+REFERENCE_ARCH = "9.0a"
 CXX_FLAGS = ["-O3"]  # the C++ standard is torch's choice (2.14 needs C++20)
 # No --use_fast_math: quantize kernels must round exactly as eager PyTorch does.
 CUDA_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
@@ -53,7 +56,7 @@ def csrc_dir() -> pathlib.Path | None:
 
 def arch_flags(arch: str) -> list[str]:
     """'9.0a' -> -gencode=arch=compute_90a,code=sm_90a (wgmma needs the 'a' target), and FUSEKIT_SM90A defined
-    for the host code that picks kernels built only for it (csrc/decode_gemm/decode_linear_tma.cuh)."""
+    for the host code that picks kernels built only for it."""
     num = arch.replace(".", "")
     return [f"-gencode=arch=compute_{num},code=sm_{num}", *(["-DFUSEKIT_SM90A"] if arch == "9.0a" else [])]
 
@@ -78,7 +81,7 @@ def requirements(src: pathlib.Path) -> set[str]:
 
 def cutlass_include() -> list[str]:
     """CUTLASS's include dirs: $CUTLASS_PATH (a CUTLASS checkout) or the nvidia-cutlass wheel's copy
-    (pip install --no-deps nvidia-cutlass); [] when neither exists."""
+    (the `cuda` extra); [] when neither exists."""
     roots = []
     if os.environ.get("CUTLASS_PATH"):
         roots.append(pathlib.Path(os.environ["CUTLASS_PATH"]))
@@ -97,7 +100,7 @@ def skip_reason(src: pathlib.Path, arch: str) -> str | None:
         return None
     need = requirements(src)
     if "cutlass" in need and not cutlass_include():
-        return "needs the CUTLASS headers (pip install --no-deps nvidia-cutlass)"
+        return "needs the CUTLASS headers (pip install \"fusekit[cuda]\", or nvidia-cutlass)"
     if "sm_90a" in need and arch != "9.0a":
         return f"sm_90a only (device is sm_{arch})"
     return None
@@ -207,11 +210,13 @@ def missing_cuda_kernel(op: str, device: torch.device) -> str | None:
     return None
 
 
-def has_tma_kernels(device: torch.device) -> bool:
-    """Whether the decode GEMMs' TMA kernel (csrc/decode_gemm/decode_linear_tma.cuh) runs on `device`: the kernels
-    loaded for it and were built for sm_90a (where build() defines FUSEKIT_SM90A)."""
-    return device.type == "cuda" and missing_cuda_kernel("decode_linear", device) is None \
-        and load_for_device().arch == "9.0a"
+def kernel_arch(op: str, device: torch.device) -> str | None:
+    """The arch ("9.0a", "8.0", ...) of the loaded build that runs fusekit::op on `device`, or None where the op has
+    no CUDA kernel there. Rules whose measured limits depend on which kernels a build holds (an sm_90a-only kernel)
+    read it."""
+    if device.type != "cuda" or missing_cuda_kernel(op, device) is not None:
+        return None
+    return load_for_device().arch
 
 
 def loaded_state() -> str:

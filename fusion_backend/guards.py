@@ -1,8 +1,14 @@
 """Guards: named checks on a match, run before a site is rewritten.
 
-A guard returns None when the site is fine, or a short reason; the first failing guard stops the
-rewrite and becomes a near miss in the report (pattern, site, guard, reason). Every pattern gets the
-dtype, device and scalar guards; the table adds shape, stride and contiguity guards.
+A guard returns None when the site is fine, or a short reason; the first failing guard stops the rewrite and
+becomes a near miss in the report (pattern, site, guard, reason). Two kinds:
+- *can fire* guards state what the op and its kernels take (dtype, device, a kernel built for it, shapes,
+  strides); every pattern gets the scalar, dtype and device ones, the table adds its own;
+- *policy* guards (``policy=True``) state where the rule should fire: measured choices, such as the rule's CUDA
+  default and size threshold, or the rows up to which a kernel beats Inductor's. Naming a rule in
+  ``options["patterns"]`` overrides them (never the can-fire guards).
+Can-fire guards run first. A site that fails one is reported only for a rule that would fire there by
+default (or was named): elsewhere it is noise (an opt-in rule's shape check on every LayerNorm).
 """
 from __future__ import annotations
 
@@ -27,14 +33,15 @@ if TYPE_CHECKING:
 class Guard:
     name: str
     check: Callable[["Site"], str | None]
-    quiet: bool = False  # a structural mismatch (not this pattern at all): not reported as a near miss
+    quiet: bool = False   # a structural mismatch (not this pattern at all): not reported as a near miss
+    policy: bool = False  # a measured choice (should fire), not a limit of the op (can fire)
 
 
 class Site:
     """A candidate match, with each argument's value (a FakeTensor or a Python scalar)."""
 
-    def __init__(self, match: pm.Match, run: Any) -> None:
-        self.match, self.run = match, run
+    def __init__(self, match: pm.Match, run: Any, pattern: "Pattern") -> None:
+        self.match, self.run, self.pattern = match, run, pattern
 
     def arg(self, name: str) -> Any:
         v = self.match.kwargs[name]
@@ -43,14 +50,26 @@ class Site:
     def tensor(self, name: str) -> Tensor:
         return self.arg(name)
 
+    @property
+    def first_tensor(self) -> Tensor:
+        return self.tensor(next(n for n, k in self.pattern.params if k == "tensor"))
 
-def has_tma_kernels(device: torch.device) -> bool:
-    """Whether the decode GEMMs' TMA kernel runs on `device` (sm_90a builds; _ext.has_tma_kernels): the decode_gemm
-    rules' measured limits depend on it."""
-    return _ext.has_tma_kernels(device)
+    def kernel_arch(self) -> str | None:
+        """The arch of the kernels that run the rule's op here ("9.0a", ...): None on CPU or where the op has no
+        CUDA kernel. Rules whose measured limits depend on an arch-specific kernel read it."""
+        return _ext.kernel_arch(self.pattern.op, self.first_tensor.device)
+
+    def fires_by_default(self) -> bool:
+        """Whether the rule would fire unnamed at a site like this one: on CUDA by its measured default there, on
+        CPU by its default on an H100/H200 (what a CPU run with cpu_reference stands for)."""
+        if self.pattern.id in self.run.options.forced:
+            return True
+        t = self.first_tensor
+        arch = self.kernel_arch() if t.device.type == "cuda" else _ext.REFERENCE_ARCH
+        return self.pattern.on_by_default(t.dtype, arch)
 
 
-# ---- checks several families share (attention, decode) ---------------------------------------------
+# ---- shared checks: 4-D q/k/v, unit strides, masks ------------------------------------------------
 def qkv_problem(names: tuple[str, str, str], tq: Tensor, tk: Tensor, tv: Tensor) -> str | None:
     """q, k, v are 4-D and of one dtype."""
     q, k, v = names
@@ -199,6 +218,8 @@ def _scalar_guard(p: "Pattern") -> Guard:
 
 
 def _device_guard(p: "Pattern") -> Guard:
+    """Can fire: the tensors are on one device, CPU with cpu_reference (the op's reference runs there) or a CUDA
+    device whose loaded kernels hold the op, in this dtype."""
     tensors = [n for n, k in p.params if k == "tensor"]
 
     def check(s: Site) -> str | None:
@@ -212,20 +233,29 @@ def _device_guard(p: "Pattern") -> Guard:
         if dev.type == "cuda":
             missing = _ext.missing_cuda_kernel(p.op, dev)
             dtype = s.tensor(tensors[0]).dtype
-            if missing is None and dtype not in ops.CUDA_DTYPES.get(p.op, (dtype,)):
+            if missing is None and not ops.cuda_kernel_takes(p.op, dtype):
                 return f"fusekit::{p.op} has no CUDA kernel for {dtype}"
-            if missing is None and p.id not in s.run.options.forced:
-                if not p.on_by_default(dtype, dev):
-                    return (f"off by default on CUDA in {dtype}: slower than Inductor's kernel in the benchmark; "
-                            f"enable with options={{'patterns': ['{p.id}']}}")
-                n, floor = s.tensor(tensors[0]).numel(), p.min_numel(dtype)
-                if isinstance(n, int) and n < floor:
-                    return (f"{n:,} elements, below the size threshold ({floor:,} in {dtype}): Inductor's kernels "
-                            f"measured faster there; enable with options={{'patterns': ['{p.id}']}}")
             return missing
         return f"device {dev.type} is not supported"
 
     return Guard("device", check)
+
+
+def _selection_guard(p: "Pattern") -> Guard:
+    """Policy, on CUDA: the rule's measured default in this dtype with these kernels, and its size threshold."""
+    def check(s: Site) -> str | None:
+        t = s.first_tensor
+        if t.device.type != "cuda":
+            return None
+        if not p.on_by_default(t.dtype, s.kernel_arch()):
+            return f"off by default on CUDA in {t.dtype}: slower than Inductor's kernel in the benchmark"
+        n, floor = t.numel(), p.min_numel(t.dtype)
+        if isinstance(n, int) and n < floor:
+            return (f"{n:,} elements, below the size threshold ({floor:,} in {t.dtype}): Inductor's kernels "
+                    f"measured faster there")
+        return None
+
+    return Guard("selection", check, policy=True)
 
 
 def _short(v: Any) -> str:
@@ -236,30 +266,40 @@ def _short(v: Any) -> str:
 
 @functools.cache
 def all_guards(p: "Pattern") -> tuple[Guard, ...]:
-    return (_scalar_guard(p), _dtype_guard(p), _device_guard(p), *p.guards)
+    """The rule's guards in the order they run: the can-fire ones first (the common ones, then the table's), then
+    the policy ones."""
+    common = (_scalar_guard(p), _dtype_guard(p), _device_guard(p), _selection_guard(p))
+    return tuple(g for g in (*common, *p.guards) if not g.policy) + \
+        tuple(g for g in (*common, *p.guards) if g.policy)
 
 
 def fits(p: "Pattern", match: pm.Match, run: Any) -> bool:
-    """Whether the match's arguments and dtype are ones the rule takes (its first two guards)."""
-    site = Site(match, run)
+    """Whether the match's arguments and dtype are ones the rule takes (its first two guards), at a site where it
+    would fire by default (a reused intermediate of an opt-in rule is not worth reporting)."""
+    site = Site(match, run, p)
     try:
-        return all(g.check(site) is None for g in all_guards(p)[:2])
+        return all(g.check(site) is None for g in all_guards(p)[:2]) and site.fires_by_default()
     except Exception:  # noqa: BLE001 - a relaxed match can bind odd things; then it is no near miss
         return False
 
 
 def check_site(p: "Pattern", match: pm.Match, run: Any) -> bool:
-    """Whether `run` may rewrite this site with `p`: the rule is enabled and every guard passes; else the
-    first failing guard is recorded as a near miss."""
+    """Whether `run` may rewrite this site with `p`: the rule is enabled and every guard passes (a named rule
+    skips the policy guards); else the first failing guard is recorded as a near miss where worth reporting."""
     if p.id not in run.record.enabled:
         return False
     anchor = match.output_nodes()[0]
-    site = Site(match, run)
+    site = Site(match, run, p)
+    forced = p.id in run.options.forced
     for g in all_guards(p):
+        if g.policy and forced:
+            continue
         reason = g.check(site)
         if reason is not None:
-            if not g.quiet:
-                run.near_miss(p.id, anchor, f"{g.name}: {reason}")
+            if not g.quiet and (g.policy or site.fires_by_default()):
+                if g.policy:
+                    reason += f"; name it to fire anyway: options={{'patterns': ['{p.id}']}}"
+                run.near_miss(p.id, anchor, f"{g.name}: {reason}", policy=g.policy)
             return False
     from .stats import describe
 

@@ -2,8 +2,7 @@
 one pass per family.
 
 Entries are made once per (rule, dtype, device) and kept. A compile builds one ``PatternMatcherPass`` per
-family, in table order (attention, then matmul epilogues, quantize, elementwise: a family's chains may hold
-another's), and offers it only the entries that can match this graph: every op of the entry occurs in it,
+family, in table order (a family's chains may hold another's: patterns/__init__.py orders them), and offers it only the entries that can match this graph: every op of the entry occurs in it,
 and every parent -> child edge at its argument position. Inside a family a node is offered the entries
 anchored at its op in table order, longest first, so a chain wins over a rule for its own suffix; the pass
 walks the graph from its outputs, so a chain also wins over a rule for its prefix (anchored earlier).

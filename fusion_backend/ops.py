@@ -13,71 +13,79 @@ that tensor as ``s_t`` (and ``s`` is ignored). A 0-dim tensor the user passed is
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
 LIB = torch.library.Library("fusekit", "DEF")
-# Inductor hands the op contiguous inputs (it copies if needed); the pattern guards keep it from
-# firing where that copy would cost more than the fusion saves.
-_TAGS = (torch.Tag.needs_contiguous_strides,)
+HALF = (torch.float16, torch.bfloat16)
 
-SCHEMAS = {
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One op: its schema and what its kernels take."""
+
+    schema: str
+    # The kernels read strided inputs: no contiguous copies forced before the op. Otherwise the op is tagged
+    # needs_contiguous_strides (Inductor hands it contiguous inputs, copying if needed; the rules' guards keep it
+    # from firing where that copy would cost more than the fusion saves).
+    any_strides: bool = False
+    out_like_first: bool = False  # the output takes the layout of the first input (the fake's empty_like)
+    cuda_dtypes: tuple[torch.dtype, ...] | None = None  # where the CUDA kernel takes fewer dtypes than the rules
+
+
+OPS = {
     # elementwise
-    "add_mul_exp": "add_mul_exp(Tensor x, Tensor y, float c, *, Tensor? c_t=None) -> Tensor",
-    "mul_add": "mul_add(Tensor q, Tensor k, Tensor v) -> Tensor",
-    "gelu": "gelu(Tensor x, str approximate) -> Tensor",
-    "bias_gelu": "bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor",
-    "silu_mul": "silu_mul(Tensor g, Tensor u) -> Tensor",
-    "gelu_mul": "gelu_mul(Tensor g, Tensor u, str approximate) -> Tensor",
-    "bias_relu": "bias_relu(Tensor x, Tensor bias) -> Tensor",
-    "scale_residual_add": (
-        "scale_residual_add(Tensor x, Tensor residual, float scale, *, Tensor? scale_t=None) -> Tensor"
-    ),
+    "add_mul_exp": OpSpec("add_mul_exp(Tensor x, Tensor y, float c, *, Tensor? c_t=None) -> Tensor"),
+    "mul_add": OpSpec("mul_add(Tensor q, Tensor k, Tensor v) -> Tensor"),
+    "gelu": OpSpec("gelu(Tensor x, str approximate) -> Tensor"),
+    "bias_gelu": OpSpec("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor"),
+    "silu_mul": OpSpec("silu_mul(Tensor g, Tensor u) -> Tensor"),
+    "gelu_mul": OpSpec("gelu_mul(Tensor g, Tensor u, str approximate) -> Tensor"),
+    "bias_relu": OpSpec("bias_relu(Tensor x, Tensor bias) -> Tensor"),
+    "scale_residual_add": OpSpec(
+        "scale_residual_add(Tensor x, Tensor residual, float scale, *, Tensor? scale_t=None) -> Tensor"),
     # quantize
-    "quant_i8": (
-        "quant_i8(Tensor x, float scale, float zp, int qmin, int qmax, *, "
-        "Tensor? scale_t=None, Tensor? zp_t=None) -> Tensor"
-    ),
-    "quant_i8_channel": "quant_i8_channel(Tensor x, Tensor scale, Tensor zp, int qmin, int qmax) -> Tensor",
-    "dequant_i8": (
-        "dequant_i8(Tensor q, float scale, float zp, ScalarType dtype, *, Tensor? scale_t=None, "
-        "Tensor? zp_t=None) -> Tensor"
-    ),
-    "dyn_quant_i8": "dyn_quant_i8(Tensor x, float eps) -> (Tensor, Tensor)",
-    "quant_fp8": "quant_fp8(Tensor x, float scale, *, Tensor? scale_t=None) -> Tensor",
-    "dyn_quant_fp8": "dyn_quant_fp8(Tensor x, float eps) -> (Tensor, Tensor)",
+    "quant_i8": OpSpec("quant_i8(Tensor x, float scale, float zp, int qmin, int qmax, *, "
+                       "Tensor? scale_t=None, Tensor? zp_t=None) -> Tensor"),
+    "quant_i8_channel": OpSpec("quant_i8_channel(Tensor x, Tensor scale, Tensor zp, int qmin, int qmax) -> Tensor"),
+    "dequant_i8": OpSpec("dequant_i8(Tensor q, float scale, float zp, ScalarType dtype, *, Tensor? scale_t=None, "
+                         "Tensor? zp_t=None) -> Tensor"),
+    "dyn_quant_i8": OpSpec("dyn_quant_i8(Tensor x, float eps) -> (Tensor, Tensor)"),
+    "quant_fp8": OpSpec("quant_fp8(Tensor x, float scale, *, Tensor? scale_t=None) -> Tensor"),
+    "dyn_quant_fp8": OpSpec("dyn_quant_fp8(Tensor x, float eps) -> (Tensor, Tensor)"),
     # tensor-core GEMM + epilogue: (act(matmul(a, b) * scale + bias) + residual).to(out_dtype); linear: b is
     # [.., N, K]; act in none/gelu/gelu_tanh/relu/silu; out_dtype None (a's dtype) or float32
-    "matmul_epilogue": (
+    "matmul_epilogue": OpSpec(
         "matmul_epilogue(Tensor a, Tensor b, Tensor? bias, Tensor? residual, float? scale, str act, "
-        "bool linear, ScalarType? out_dtype=None, *, Tensor? scale_t=None) -> Tensor"
-    ),
+        "bool linear, ScalarType? out_dtype=None, *, Tensor? scale_t=None) -> Tensor", any_strides=True),
     # attention: softmax(q @ k^T * scale + mask) @ v; safe=True zeroes fully masked rows (SDPA's math
     # backend), safe=False leaves them NaN (a plain softmax)
-    "attention": "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool safe) -> Tensor",
+    "attention": OpSpec("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool safe) -> Tensor",
+                        any_strides=True, out_like_first=True),
     # attention of a few query rows against a KV cache of grouped heads: q [B,Hq,Lq,D], k/v [B,Hkv,S,D]
-    "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
+    "decode_attention": OpSpec("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
+                               any_strides=True, out_like_first=True, cuda_dtypes=HALF),
     # the same attention for many query rows (a prompt): grouped KV heads read as they are, no repeat_kv copy
-    "gqa_attention": "gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
-    # the linears of a decode step (few rows): x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T)
-    "decode_linear": "decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor",
+    "gqa_attention": OpSpec("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
+                            any_strides=True, out_like_first=True, cuda_dtypes=HALF),
+    # the linears of a few rows: x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T)
+    "decode_linear": OpSpec("decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor", cuda_dtypes=HALF),
     # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
-    "decode_qkv": ("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
-                   "Tensor? bv=None) -> (Tensor, Tensor, Tensor)"),
+    "decode_qkv": OpSpec("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
+                         "Tensor? bv=None) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
-    "verify": (
-        "verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"
-    ),
+    "verify": OpSpec("verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"),
 }
-# Ops that take any strides (their kernels read strided inputs): no copies forced before them.
-ANY_STRIDES = {"attention", "decode_attention", "gqa_attention", "matmul_epilogue"}
-# Ops whose output takes the layout of their first input (the fake's empty_like), not a contiguous one.
-OUT_LIKE_FIRST = {"attention", "decode_attention", "gqa_attention"}
-# Ops whose CUDA kernel takes fewer dtypes than their rules (which also run on CPU): the rest stay Inductor's.
-CUDA_DTYPES = {op: (torch.float16, torch.bfloat16)
-               for op in ("decode_attention", "gqa_attention", "decode_linear", "decode_qkv")}
-for _name, _schema in SCHEMAS.items():
-    LIB.define(_schema, tags=() if _name in ANY_STRIDES else _TAGS)
+for _name, _spec in OPS.items():
+    LIB.define(_spec.schema, tags=() if _spec.any_strides else (torch.Tag.needs_contiguous_strides,))
+
+
+def cuda_kernel_takes(op: str, dtype: torch.dtype) -> bool:
+    """Whether fusekit::op's CUDA kernel takes `dtype` (its rules may take more: they also run on CPU)."""
+    dts = OPS[op].cuda_dtypes
+    return dts is None or dtype in dts
 
 
 def _same(x: Tensor) -> Tensor:
@@ -255,4 +263,4 @@ def quant_i8(x: Tensor, scale: float, zp: float = 0.0, qmin: int = -128, qmax: i
     return torch.ops.fusekit.quant_i8(x, float(scale), float(zp), int(qmin), int(qmax))
 
 
-__all__ = ["SCHEMAS", "add_mul_exp", "mul_add", "quant_i8"]
+__all__ = ["OPS", "OpSpec", "cuda_kernel_takes", "add_mul_exp", "mul_add", "quant_i8"]

@@ -25,25 +25,16 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _ext, guards, matcher, registry, table, unpad
 from .guards import SiteFailure
+from .options import Options
 from .stats import NearMiss, PassRun, new_record, publish
 
 log = logging.getLogger("fusion_backend")
 _PKG = pathlib.Path(__file__).resolve().parent
 
 
-@dataclasses.dataclass(frozen=True)
-class FusekitOptions:
-    patterns: tuple[str, ...]        # enabled pattern ids, in table order
-    forced: tuple[str, ...] = ()     # ids named in options["patterns"]: on even where not cuda_default
-    cpu_reference: bool = False
-    verify: bool = False
-    report: bool = False             # explain reused intermediates and keep the graph's code
-    inductor_decode: tuple[str, ...] = ()  # DECODE_INDUCTOR keys the pass sets where a decode attention rule fired
-
-
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
-ENGINE = ("backend", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops", "verify",
-          "unpad", "_ext")
+ENGINE = ("backend", "options", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops",
+          "verify", "unpad", "_ext")
 
 
 def source_files() -> tuple[str, ...]:
@@ -54,9 +45,9 @@ def source_files() -> tuple[str, ...]:
 
 
 class FusekitPass(CustomGraphPass):
-    def __init__(self, options: FusekitOptions, user_pass: Any = None) -> None:
+    def __init__(self, options: Options, user_pass: Any = None) -> None:
         self.options, self.user_pass = options, user_pass
-        self.decode_inductor_set = False  # the pass set options.inductor_decode's Inductor settings
+        self.inductor_set: list[str] = []  # Inductor config keys this pass set (a family's settings)
 
     def uuid(self) -> str | None:
         if self.user_pass is not None and not hasattr(self.user_pass, "uuid"):
@@ -80,12 +71,15 @@ class FusekitPass(CustomGraphPass):
         except Exception as exc:  # noqa: BLE001 - never break the compile; Inductor takes the graph
             record.errors.append(NearMiss.from_exc("<pass>", None, exc))
         record.left_to_inductor = _count(graph, fusekit=False)
-        if self.options.inductor_decode and wants_decode_inductor(record.sites):
-            # read by Inductor's scheduler and Triton codegen later in this compile; the backend's config patch
-            # holds each key, so the values go back when the compile ends
-            for key in self.options.inductor_decode:
-                set_inductor_config(key, DECODE_INDUCTOR[key])
-            self.decode_inductor_set = True  # (the backend compiles again without them if Inductor then fails)
+        fired = {table.family(pid) for pid, n in record.sites.items() if n}
+        for family, keys in self.options.inductor:
+            if family in fired:
+                # read by Inductor's scheduler and codegen later in this compile; the backend's config patch holds
+                # each key, so the values go back when the compile ends (and it compiles again without them if
+                # Inductor then fails)
+                for key in keys:
+                    set_inductor_config(key, table.inductor_settings()[family].config[key])
+                    self.inductor_set.append(key)
         if report:
             record.graph_code = str(graph)
         record.pass_s = time.perf_counter() - t0
@@ -123,30 +117,6 @@ class FusekitPass(CustomGraphPass):
                 record.near_misses.clear()
                 record.errors.append(NearMiss.from_exc(f.pattern, f.node, f.exc))
                 skip.add(f.pattern)
-
-
-# Inductor settings for the rest of a compile whose graph a decode attention rule rewrote (sm_90+: the backend
-# offers the keys the user did not set). Measured on an H100 (benchmarks/NOTES.md), Llama-style decode step @1024
-# in a CUDA graph:
-# - triton.enable_pdl (thirteenth session): Inductor's Triton kernels launch with programmatic dependent launch,
-#   as fusekit's decode kernels do: b1 0.611 -> 0.598 ms, b32 0.898 -> 0.896 (0.631 -> 0.598, 0.917 -> 0.896 with
-#   fusekit's own kernels' PDL); Inductor's own step, whose repeat_kv copy and SDPA stay, 7.19 -> 8.63 ms at b32.
-# - combo_kernels (seventeenth session): Inductor's independent small kernels (a layer's rotary embedding of q and
-#   of k with its cache write, v's cache write; the cache-length updates at the step's end) launched as one
-#   horizontal kernel: b32 0.8683 -> 0.8377 ms, b1 0.5771 -> 0.5497, logits bit-identical.
-# - combo_kernels_pointwise_only (eighteenth session): reductions stay out of the combo kernels. With them in, the
-#   step's first kernel combined layer 0's RMSNorm with other reductions into one that took 13.4 us at b32 (the
-#   RMSNorm alone ~2.6). As the backend sets it, against options={"combo_kernels_pointwise_only": False}: b32
-#   0.8497 -> 0.8406 ms, b1 0.5491 -> 0.5487, Qwen2-/Mistral-style b32 within 0.1%, logits bit-identical
-#   (results/h100_decode_pointwise_only_ab_2026-11-26d.md).
-# So graphs where no such rule fired keep Inductor's defaults.
-DECODE_INDUCTOR = {"triton.enable_pdl": True, "combo_kernels": True, "combo_kernels_pointwise_only": True}
-
-
-def wants_decode_inductor(sites: Mapping[str, int]) -> bool:
-    """Whether a graph whose fusekit sites are `sites` compiles with DECODE_INDUCTOR: where a decode attention
-    rule fired."""
-    return any(n and pid.startswith("decode.") for pid, n in sites.items())
 
 
 def inductor_config_value(key: str, default: Any = None) -> Any:

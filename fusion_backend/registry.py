@@ -1,4 +1,4 @@
-"""Declaring rules: the ``Pattern`` record, the table of every rule, selection by id or family, and the
+"""Declaring rules: the ``Pattern`` record (with its test ``Fixtures``), a family's ``InductorSettings``, and the
 ops' CPU kernels.
 
 A ``Pattern`` is data: its unfused ``reference`` is the search pattern (traced per dtype through
@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from . import _ext, ops
 from . import guards as G
-from . import ops
 
 aten = torch.ops.aten
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -33,6 +33,29 @@ EXACT = {dt: (0.0, 0.0) for dt in FLOATS}
 def rand(shape: Sequence[int], dtype: torch.dtype, device: Any, scale: float = 1.0) -> Tensor:
     """Fresh random normal data (never zeros: they hide unwritten outputs)."""
     return (torch.randn(tuple(shape), device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixtures:
+    """What the generated tests and benchmarks feed a rule; never read by the pass."""
+
+    cases: tuple[tuple, ...] = ((4, 33), (2, 3, 64))  # CPU test shapes, interpreted by the rule's `inputs`
+    gpu_cases: tuple[tuple, ...] | None = None        # GPU kernel-test shapes (default: cases sized up)
+    bad_layout: Callable[..., tuple] | None = None    # (dtype, device) -> inputs one of the rule's guards rejects
+    bad_reason: str = "contiguous"                    # what that guard says
+    # Same-dtype eager computation whose float64 error bounds the kernel's (default: the reference).
+    baseline: Callable[..., Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class InductorSettings:
+    """Inductor configuration a family needs for the rest of a compile where one of its rules fired (declared as
+    ``INDUCTOR`` in its patterns/ file). The backend offers the keys the user did not set, on CUDA devices of at
+    least `min_capability`; the pass sets them where the family fired; a compile that Inductor fails with them is
+    compiled again without them."""
+
+    config: Mapping[str, Any]
+    min_capability: tuple[int, int] = (0, 0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity hash: tables hold dicts
@@ -53,16 +76,14 @@ class Pattern:
     # Spellings that exist only in a post-grad graph of another device (SDPA's fused CUDA ops): traced and
     # matched like variants, never run eagerly here; tests match them on their traced graphs.
     graph_forms: tuple[Callable[..., Any], ...] = ()
-    cases: tuple[tuple, ...] = ((4, 33), (2, 3, 64))  # test shapes, interpreted by `inputs`
     trace_case: tuple = (2, 8)                # tiny shape used to trace the search pattern
-    bad_layout: Callable[..., tuple] | None = None  # (dtype, device) -> inputs a layout guard rejects
     tol: Mapping[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=lambda: DEFAULT_TOL)
-    # Measured selection (benchmarks/results/): the dtypes in which the rule fires on CUDA by default,
-    # i.e. where the kernel measured no slower than Inductor's for the same subgraph (within the 2%
-    # run-to-run noise) at every benchmarked size. True = every dtype, False = none, or a predicate
-    # (dtype, device) -> bool where that depends on which of fusekit's kernels the device runs (the plain decode
-    # linear: on where its TMA kernel is built). Elsewhere it fires on CUDA only when named in options["patterns"].
-    cuda_default: bool | tuple[torch.dtype, ...] | Callable[[torch.dtype, torch.device], bool] = True
+    # Measured selection (benchmarks/RESULTS.md): the dtypes in which the rule fires on CUDA by default, i.e.
+    # where the kernel measured no slower than Inductor's for the same subgraph (within the 2% run-to-run noise)
+    # at every benchmarked size. True = every dtype, False = none, or a predicate (dtype, arch) -> bool where that
+    # depends on which kernels the build holds (arch: the loaded build's, e.g. "9.0a"). Elsewhere it fires on
+    # CUDA only when named in options["patterns"].
+    cuda_default: bool | tuple[torch.dtype, ...] | Callable[[torch.dtype, str | None], bool] = True
     # Measured selection by size: where it fires by default, the rule fires on CUDA only when its first
     # tensor has at least this many elements (per dtype, or one int for all): below it, bench_patterns'
     # CUDA-graph timings measured Inductor's kernels faster (launch-bound sizes). A symbolic size fires
@@ -74,10 +95,6 @@ class Pattern:
     # what Inductor emits; view/expand sizes are wildcards and every expand->reshape may carry the clone
     # that a non-contiguous input gets.
     trace: str = "fwd_only"
-    bad_reason: str = "contiguous"            # what the failing guard of `bad_layout` says
-    # Same-dtype eager computation whose float64 error bounds the kernel's (default: the reference).
-    baseline: Callable[..., Any] | None = None
-    gpu_cases: tuple[tuple, ...] | None = None  # GPU kernel-test cases, where `inputs` is not (n,)-sized
     # Output casts the op stores itself (its schema's `out_dtype`); passes.absorb_output_casts takes a cast
     # after the rule's match where the result is returned. A 16-bit rule whose traced pattern ends in the
     # downcast of an fp32 computation (an activation Inductor upcasts) then also matches that computation
@@ -90,12 +107,13 @@ class Pattern:
     # input (q/k/v projections of one x) finds each further output among that input's users; without this,
     # two outputs of the pattern could bind one projection of the graph.
     exclusive: tuple[str, ...] = ()
+    fixtures: Fixtures = Fixtures()  # test and benchmark inputs (the pass never reads them)
 
-    def on_by_default(self, dtype: torch.dtype, device: torch.device | None = None) -> bool:
-        """Whether the rule fires on CUDA unnamed, in `dtype` on `device` (default: the current CUDA device)."""
+    def on_by_default(self, dtype: torch.dtype, arch: str | None = _ext.REFERENCE_ARCH) -> bool:
+        """Whether the rule fires on CUDA unnamed, in `dtype`, with kernels built for `arch` (default: an H100/H200's)."""
         d = self.cuda_default
         if callable(d):
-            return d(dtype, device if device is not None else torch.device("cuda"))
+            return d(dtype, arch)
         return d is True or (isinstance(d, tuple) and dtype in d)
 
     def min_numel(self, dtype: torch.dtype) -> int:
@@ -187,7 +205,7 @@ def _cpu_kernel(pattern: Pattern) -> Callable[..., Any]:
             if t is not None:
                 args[names.index(n)] = t
         out = pattern.reference(*args, **kwargs)
-        if pattern.op in ops.OUT_LIKE_FIRST:  # the fake's layout: q's
+        if ops.OPS[pattern.op].out_like_first:  # the fake's layout: q's
             return torch.empty_like(args[0]).copy_(out)
         return out.contiguous() if isinstance(out, Tensor) else tuple(o.contiguous() for o in out)
 

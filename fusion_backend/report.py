@@ -91,7 +91,11 @@ class Report:
                       f"{r['near_misses']:>11}  {r['errors']:>6}" for r in rows]
         else:
             lines.append("(no pattern matched or nearly matched)")
-        for title, items in (("near misses", self.near_misses), ("errors (site skipped)", self.errors)):
+        for title, items in (("near misses: cannot fire (shape, dtype, layout, kernel)",
+                              [m for m in self.near_misses if not m.policy]),
+                             ("near misses: chose not to fire (measured: Inductor is as fast or faster there)",
+                              [m for m in self.near_misses if m.policy]),
+                             ("errors (site skipped)", self.errors)):
             if items:
                 lines.append(f"{title}:")
                 lines += [f"  {m.pattern} at {m.site}: {m.reason}" for m in items]

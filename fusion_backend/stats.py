@@ -9,9 +9,12 @@ import collections
 import contextlib
 import dataclasses
 import re
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from .options import Options
 
 
 @dataclasses.dataclass
@@ -19,6 +22,7 @@ class NearMiss:
     pattern: str
     site: str
     reason: str
+    policy: bool = False  # the rule chose not to fire (a measured policy), rather than could not
 
     @classmethod
     def from_exc(cls, pattern: str, node: torch.fx.Node | None, exc: BaseException) -> "NearMiss":
@@ -48,16 +52,16 @@ class GraphRecord:
 class PassRun:
     """State of one pass over one graph, handed to the entries it binds (guards.bind)."""
 
-    options: Any
+    options: "Options"
     record: GraphRecord
     current_site: str = ""
     replaced: dict = dataclasses.field(default_factory=dict)  # node -> id of the rule that replaced it
     _missed: set = dataclasses.field(default_factory=set)
 
-    def near_miss(self, pattern: str, node: torch.fx.Node, reason: str) -> None:
+    def near_miss(self, pattern: str, node: torch.fx.Node, reason: str, policy: bool = False) -> None:
         if (pattern, node.name) not in self._missed:
             self._missed.add((pattern, node.name))
-            self.record.near_misses.append(NearMiss(pattern, describe(node), reason))
+            self.record.near_misses.append(NearMiss(pattern, describe(node), reason, policy))
 
     def error(self, pattern: str, node: torch.fx.Node | None, exc: BaseException) -> None:
         self.record.errors.append(NearMiss.from_exc(pattern, node, exc))

@@ -1,6 +1,6 @@
 """The pattern table: every family's rules in one order (an earlier rule is tried first where two overlap),
-looked up by id or family. Above both the families (patterns/) and the engine's declarations (registry.py),
-so that neither imports the other back."""
+looked up by id or family, and the Inductor settings families declare. Above both the families (patterns/) and
+the engine's declarations (registry.py), so that neither imports the other back."""
 from __future__ import annotations
 
 import functools
@@ -23,6 +23,18 @@ def all_patterns() -> tuple[registry.Pattern, ...]:
     return tuple(PATTERNS)
 
 
+def family(pattern_id: str) -> str:
+    return pattern_id.split(".", 1)[0]
+
+
+@functools.cache
+def inductor_settings() -> dict[str, registry.InductorSettings]:
+    """{family: the Inductor settings it declares} (patterns.INDUCTOR)."""
+    from .patterns import INDUCTOR
+
+    return dict(INDUCTOR)
+
+
 @functools.cache
 def position(pattern_id: str) -> int:
     """The rule's place in the table: an earlier rule is tried first where two overlap."""
@@ -43,7 +55,7 @@ def select(patterns: Sequence[str] | None, disable: Sequence[str] = ()) -> tuple
     def expand(names: Sequence[str], what: str) -> set[str]:
         out = set()
         for n in names:
-            hit = [i for i in every if i == n or i.split(".", 1)[0] == n]
+            hit = [i for i in every if i == n or family(i) == n]
             if not hit:
                 raise ValueError(f"fusekit: unknown pattern or family {n!r} in options[{what!r}]; "
                                  f"known: {every}")

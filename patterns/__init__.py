@@ -1,6 +1,6 @@
 """fusekit's pattern tables, one module per family. Ships as ``fusion_backend.patterns``."""
 from .attention import PATTERNS as ATTENTION
-from .decode import PATTERNS as DECODE, PREFILL  # two families, one module: they share the chain
+from .decode import INDUCTOR as DECODE_INDUCTOR, PATTERNS as DECODE, PREFILL  # two families, one module
 from .decode_gemm import PATTERNS as DECODE_GEMM
 from .batched_matmul import PATTERNS as BATCHED_MATMUL
 from .elementwise import PATTERNS as ELEMENTWISE
@@ -12,3 +12,6 @@ from .quantize import PATTERNS as QUANTIZE
 # Decode GEMMs after the matmul epilogues (a linear with a fused epilogue is theirs first) and before the
 # elementwise rules (silu_mul would take gate/up's product).
 PATTERNS = [*DECODE, *PREFILL, *ATTENTION, *BATCHED_MATMUL, *DECODE_GEMM, *QUANTIZE, *ELEMENTWISE]
+
+# Inductor settings a family needs where one of its rules fired (registry.InductorSettings).
+INDUCTOR = {"decode": DECODE_INDUCTOR}

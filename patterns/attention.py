@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fusion_backend import guards as G
-from fusion_backend.registry import Pattern, rand
+from fusion_backend.registry import Fixtures, Pattern, rand
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -115,31 +115,37 @@ GPU_CASES = ((16, 12, 256, 256, 64, "key", "bshd"), (2, 4, 197, 197, 64, "full",
              (1, 2, 65, 300, 256, "full", "bshd"))
 TRACE = (2, 3, 5, 6, 8, "full", "bhsd")
 COMMON = dict(reference=attention_ref, op="attention", dtypes=HALF, trace="inductor", trace_case=TRACE,
-              cases=CASES, gpu_cases=GPU_CASES, baseline=attention_eager, literals=("scale",),
-              bad_reason="last-dim stride")
+              literals=("scale",))
+
+
+def _fixtures(bad_layout) -> Fixtures:
+    return Fixtures(cases=CASES, gpu_cases=GPU_CASES, baseline=attention_eager, bad_layout=bad_layout,
+                    bad_reason="last-dim stride")
 
 # The bool-mask rule contains the float-mask one (plus the mask conversion): it goes first.
 PATTERNS = [
     Pattern(
         "attention.sdpa_math_bool_mask",  # SDPA + boolean mask (True = attend), decomposed by Inductor
         static={"safe": True}, inputs=_bool_mask,
-        bad_layout=lambda dt, dev: (*_bad_stride(dt, dev)[:3], _bool_mask(CASES[0], dt, dev)[3]),
         guards=(attention_inputs("q", "k", "v", "mask"),), **COMMON,
+        fixtures=_fixtures(lambda dt, dev: (*_bad_stride(dt, dev)[:3], _bool_mask(CASES[0], dt, dev)[3])),
     ),
     Pattern(
         "attention.sdpa_math",  # SDPA + additive mask decomposed by Inductor (BERT-style encoders)
-        static={"safe": True}, inputs=_float_mask, bad_layout=_bad_stride,
+        static={"safe": True}, inputs=_float_mask,
         guards=(attention_inputs("q", "k", "v", "mask"),), **COMMON,
+        fixtures=_fixtures(_bad_stride),
     ),
     Pattern(
         "attention.sdpa_math_no_mask",  # SDPA without a mask (ViT-style), decomposed by Inductor
         static={"safe": True, "mask": None}, inputs=lambda c, dt, dev: _qkv(c, dt, dev),
-        bad_layout=lambda dt, dev: _bad_stride(dt, dev)[:3],
         guards=(attention_inputs("q", "k", "v"),), **COMMON,
+        fixtures=_fixtures(lambda dt, dev: _bad_stride(dt, dev)[:3]),
     ),
     Pattern(
         "attention.softmax_chain",  # softmax(q @ k^T * s + mask) @ v written out (eager attention)
-        static={"safe": False}, inputs=_float_mask, bad_layout=_bad_stride,
+        static={"safe": False}, inputs=_float_mask,
         guards=(attention_inputs("q", "k", "v", "mask"),), **COMMON,
+        fixtures=_fixtures(_bad_stride),
     ),
 ]

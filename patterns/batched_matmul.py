@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusion_backend import guards as G
-from fusion_backend.registry import Pattern, rand
+from fusion_backend.registry import Fixtures, Pattern, rand
 
 ACTS = {
     "none": lambda y: y,
@@ -240,7 +240,7 @@ def tf32_allowed(a: str, b: str, linear: bool = False) -> G.Guard:
     which full-fp32 matmuls do not; on CPU, where the op is the fp32 reference, the rule keeps the same
     condition so that a graph fuses alike on both). On CUDA b must also be K-major (a linear weight [N, K],
     k.transpose(-1, -2)): TF32 wgmma reads K-major operands only, and the op's copy of an N-major b measured
-    slower than Inductor (H200: 0.64x at 1024^3; benchmarks/NOTES.md)."""
+    slower than Inductor (H200: 0.64x at 1024^3)."""
     def check(s: G.Site) -> str | None:
         t = s.tensor(a)
         if t.dtype != torch.float32:
@@ -259,7 +259,7 @@ def tf32_allowed(a: str, b: str, linear: bool = False) -> G.Guard:
 
 def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: int = 1024,
                             top: int = 4096) -> G.Guard:
-    """Measured selection for GELU (erf and tanh)/SiLU epilogues (benchmarks/results/h200_matmul.md): with
+    """Policy for GELU (erf and tanh)/SiLU epilogues (H200, benchmarks/bench_matmul.py): with
     low < K < high and N > 64 the epilogue's transcendental math neither hides under the GEMM (cooperative
     schedule) nor costs less than Inductor's separate pointwise kernel: 0.96-0.98x at K = 768 (erf), 0.99x
     for GPT-2 end to end (tanh: 1.08x alone, but no faster than cuBLAS's addmm + gelu_new in the model). From K = top
@@ -279,12 +279,12 @@ def matmul_heavy_epilogue_k(b: str, linear: bool = False, low: int = 128, high: 
             return None
         return f"K={k} {where} with N={n} > 64: this epilogue measured slower than Inductor there"
 
-    return G.Guard(f"matmul_heavy_epilogue_k({b})", check)
+    return G.Guard(f"matmul_heavy_epilogue_k({b})", check, policy=True)
 
 
 # Heavy activations fire only inside a K window (at K = 768 they lost to cuBLAS + Inductor's epilogue), and
 # linear + bias + residual is off by default (it takes the residual from Inductor's LayerNorm kernel; BERT
-# 0.93x end to end). Measurements: benchmarks/results/h200_matmul.md and benchmarks/NOTES.md.
+# 0.93x end to end). Measured with benchmarks/bench_matmul.py and `fusekit bench` (benchmarks/RESULTS.md).
 HEAVY_ACTS = ("gelu", "gelu_tanh", "silu")
 CUDA_DEFAULT = {"linear_bias_residual": False, "linear_bias_residual_2d": False}
 
@@ -319,15 +319,16 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
     return Pattern(
         f"batched_matmul.{short}", cuda_default=CUDA_DEFAULT.get(short, True),
         reference=matmul_epilogue_ref, op="matmul_epilogue", static=static, dtypes=DTYPES,
-        baseline=tf32_baseline, output_casts=(torch.float32,),
+        output_casts=(torch.float32,),
         expand_optional=form == "batched" and rank == 3,  # a direct torch.bmm
-        inputs=make, trace="inductor", trace_case=trace_case, cases=cases,
-        gpu_cases=gpu_cases, variants=_variants(arg_names, scale, act, form, rank),
+        inputs=make, trace="inductor", trace_case=trace_case,
+        variants=_variants(arg_names, scale, act, form, rank),
         guards=(G.same_dtype(*names), tf32_allowed("a", "b", form == "linear"),
                 matmul_operands("a", "b", "bias" if bias else None, "residual" if residual else None,
                                   form == "linear"),
                 *([matmul_heavy_epilogue_k("b", form == "linear")] if act in HEAVY_ACTS else [])),
-        bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
+        fixtures=Fixtures(cases=cases, gpu_cases=gpu_cases, baseline=tf32_baseline,
+                          bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8"),
     )
 
 

@@ -19,15 +19,28 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fusion_backend import guards as G
-from fusion_backend.registry import FLOATS, Pattern, rand
+from fusion_backend.registry import FLOATS, Fixtures, InductorSettings, Pattern, rand
 
 aten = torch.ops.aten
 MAX_QUERY = 16  # query rows per sequence the op takes by default (decode, speculative and chunked steps)
 HEAD_DIMS = (64, 128, 256)
 # Without grouped heads there is no repeat_kv copy to save, only hidden blocks to skip; at few rows the op's
-# extra launches cost more. H100, torch 2.11, GPT-2 (12 heads, 1024 slots, position 128, CUDA graphs): batch 1
-# (12 rows) 0.94x Inductor, batch 32 (384 rows) 1.37x; between them unmeasured.
+# extra launches cost more. H100, GPT-2 (12 heads, 1024 slots, position 128, CUDA graphs): batch 1 (12 rows)
+# 0.94x Inductor, batch 32 (384 rows) 1.37x.
 MHA_MIN_ROWS = 128
+
+# Inductor settings for the rest of a compile whose graph a decode attention rule rewrote (sm_90+; the backend
+# offers the keys the user did not set). Measured on an H100, the Llama-style decode step @1024 in a CUDA graph:
+# - triton.enable_pdl: Inductor's Triton kernels launch with programmatic dependent launch, as fusekit's decode
+#   kernels do, so each overlaps the tail of the kernel before: b1 0.611 -> 0.598 ms, b32 0.898 -> 0.896. Only
+#   where the rule fired: Inductor's own step, whose repeat_kv copy and SDPA stay, went 7.19 -> 8.63 ms at b32.
+# - combo_kernels: Inductor's independent small kernels (a layer's rotary embedding of q and of k with its cache
+#   write, v's cache write, the cache-length updates) launched as one horizontal kernel: b32 0.868 -> 0.838 ms,
+#   b1 0.577 -> 0.550, logits bit-identical.
+# - combo_kernels_pointwise_only: reductions stay out of the combo kernels (with them in, layer 0's RMSNorm was
+#   combined with other reductions into one 13.4 us kernel at b32, the RMSNorm alone ~2.6): b32 0.850 -> 0.841 ms.
+INDUCTOR = InductorSettings({"triton.enable_pdl": True, "combo_kernels": True, "combo_kernels_pointwise_only": True},
+                            min_capability=(9, 0))
 
 
 def repeat_kv(x: Tensor, n: int) -> Tensor:
@@ -130,17 +143,17 @@ def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
 
 
 def short_queries(q: str) -> G.Guard:
-    """Should fire: at most MAX_QUERY query rows per sequence. Longer prompts are prefill, where PyTorch's
-    tensor-core attention kernels do more work per byte than this CUDA-core decode kernel."""
+    """Policy: at most MAX_QUERY query rows per sequence. Longer prompts are prefill, where PyTorch's tensor-core
+    attention kernels do more work per byte than this decode kernel."""
     def check(s: G.Site) -> str | None:
         lq = s.tensor(q).shape[2]
         return None if known(lq <= MAX_QUERY) else f"{lq} query rows (> {MAX_QUERY}): prefill, not decode"
 
-    return G.Guard(f"short_queries({q})", check)
+    return G.Guard(f"short_queries({q})", check, policy=True)
 
 
 def enough_rows(q: str) -> G.Guard:
-    """Should fire (CUDA, no grouped heads): at least MHA_MIN_ROWS query rows (batch x heads x rows)."""
+    """Policy (CUDA, no grouped heads): at least MHA_MIN_ROWS query rows (batch x heads x rows)."""
     def check(s: G.Site) -> str | None:
         t = s.tensor(q)
         if t.device.type != "cuda":
@@ -148,7 +161,7 @@ def enough_rows(q: str) -> G.Guard:
         rows = t.shape[0] * t.shape[1] * t.shape[2]
         return None if known(rows >= MHA_MIN_ROWS) else f"{rows} query rows without grouped heads (< {MHA_MIN_ROWS})"
 
-    return G.Guard(f"enough_rows({q})", check)
+    return G.Guard(f"enough_rows({q})", check, policy=True)
 
 
 # ---- test inputs -----------------------------------------------------------------------------------
@@ -197,12 +210,13 @@ def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pa
     masked = kind != "none"
     return Pattern(
         f"decode.{what}", reference=decode_attention_ref, op="decode_attention", inputs=_inputs, dtypes=FLOATS,
-        trace="inductor", trace_case=(2, *heads, 1, 6, 8, kind), cases=_cases(*heads, kind),
-        gpu_cases=tuple((*c, kind) for c in GPU_CASES if (c[1] == c[2]) == (heads[0] == heads[1])),
-        baseline=decode_attention_eager, literals=("scale",), bad_layout=_bad(_cases(*heads, kind)[0]),
-        bad_reason="head dim", graph_forms=_forms(masked) if forms else (),
+        trace="inductor", trace_case=(2, *heads, 1, 6, 8, kind), literals=("scale",),
+        graph_forms=_forms(masked) if forms else (),
         guards=(cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
-                *((enough_rows("q"),) if heads[0] == heads[1] else ())), **kw)
+                *((enough_rows("q"),) if heads[0] == heads[1] else ())), **kw,
+        fixtures=Fixtures(cases=_cases(*heads, kind), baseline=decode_attention_eager,
+                          gpu_cases=tuple((*c, kind) for c in GPU_CASES if (c[1] == c[2]) == (heads[0] == heads[1])),
+                          bad_layout=_bad(_cases(*heads, kind)[0]), bad_reason="head dim"))
 
 
 PATTERNS = [
@@ -211,8 +225,8 @@ PATTERNS = [
     _rule("gqa_no_mask", GQA, "none", forms=True, static={"mask": None}),
     # Without grouped heads the kernel's only gain is the blocks the mask hides: near a full cache it measured
     # slower than the fused SDPA Inductor calls (GPT-2, H100, per step: b32/b64 at position 1000 of 1024 0.96x /
-    # 0.95x, 1.17-1.62x at 128 and 512; results/h100_decode_gpt2_grid_2026-11-26b.md), and a compiled step serves
-    # every position, so on CUDA these fire only when named.
+    # 0.95x, 1.17-1.62x at 128 and 512), and a compiled step serves every position, so on CUDA these fire only
+    # when named.
     _rule("mha_bool_mask", MHA, "bool", forms=False, cuda_default=False),
     _rule("mha", MHA, "float", forms=True, cuda_default=False),
 ]
@@ -227,34 +241,40 @@ PATTERNS = [
 # flash and memory-efficient kernels refuse grouped heads with a mask). The search patterns, inputs and checks
 # are the decode rules'; only the query length, the op and the kernel differ.
 #
-# The attention alone (H100, torch 2.11, bf16, 16 query / 4 KV heads, D 128; results/h100_gqa_prefill_backends_
-# 2026-11-24e.txt), Inductor's chain / cuDNN with grouped heads, us: 512-token prompt against 4096 slots 222 / 108
-# (batch 4: 285 / 214); 2048 against 4096 282 / 213; 128 rows at position 1024, batch 8, 424 / 117. In the
-# models (results/h100_prefill_cache_2026-11-24e.md), a 512-token prompt into 4096 slots: 1.03-1.06x Inductor's
-# whole forward. A prompt alone (keys = queries) lost in the models and is left to Inductor (prefill_inputs).
-PREFILL_HEAD_DIMS = (64, 128)  # cuDNN's attention on sm_80/sm_90 at every torch version supported; 256 left to Inductor
+# The attention alone (H100, bf16, 16 query / 4 KV heads, D 128), Inductor's chain / cuDNN with grouped heads, us:
+# 512-token prompt against 4096 slots 222 / 108 (batch 4: 285 / 214); 2048 against 4096 282 / 213; 128 rows at
+# position 1024, batch 8, 424 / 117. In the models, a 512-token prompt into 4096 slots: 1.03-1.06x Inductor's whole
+# forward. A prompt alone (keys = queries) lost in the models and is left to Inductor (prompt_against_cache).
+PREFILL_HEAD_DIMS = (64, 128)  # cuDNN's attention on sm_80/sm_90 at every torch version supported
 
 
-def prefill_inputs(q: str, k: str, mask: str | None = None) -> G.Guard:
-    """Should fire: more than MAX_QUERY query rows (fewer are the decode rules'), a cache at least twice as long
-    as the prompt, head dim 64 or 128, and a mask that is bool or q's dtype (cuDNN takes the bias in q's dtype:
-    a float32 mask would be rounded). A prompt alone (as many keys as queries) stays Inductor's: there the
-    repeat copies little, and the op lost (H100, 4 x 512 tokens, Qwen2-style 0.96x, Llama-style 0.88x
-    Inductor; results/h100_prefill_no_cache_2026-11-24e.md)."""
+def prefill_kernel_inputs(q: str, mask: str | None = None) -> G.Guard:
+    """Can fire: head dim 64 or 128 and a mask that is bool or q's dtype (cuDNN's attention takes the bias in q's
+    dtype: a float32 mask would be rounded)."""
     def check(s: G.Site) -> str | None:
         t = s.tensor(q)
-        lq, d, sk = t.shape[2], t.shape[3], s.tensor(k).shape[2]
-        if not known(lq > MAX_QUERY):
-            return f"{lq} query rows (<= {MAX_QUERY}): decode, not prefill"
-        if not known(sk >= 2 * lq):
-            return f"{sk} keys for {lq} query rows (< 2x): a prompt alone, Inductor's"
-        if not any(known(d == x) for x in PREFILL_HEAD_DIMS):
-            return f"head dim {d} is not one of {PREFILL_HEAD_DIMS}"
+        if not any(known(t.shape[3] == x) for x in PREFILL_HEAD_DIMS):
+            return f"head dim {t.shape[3]} is not one of {PREFILL_HEAD_DIMS}"
         if mask is not None and s.tensor(mask).dtype not in (torch.bool, t.dtype):
             return f"mask dtype {s.tensor(mask).dtype} is neither bool nor q's {t.dtype}"
         return None
 
-    return G.Guard(f"prefill_inputs({q}, {k}{', ' + mask if mask else ''})", check)
+    return G.Guard(f"prefill_kernel_inputs({q}{', ' + mask if mask else ''})", check)
+
+
+def prompt_against_cache(q: str, k: str) -> G.Guard:
+    """Policy: more than MAX_QUERY query rows (fewer are the decode rules') and a cache at least twice as long as
+    the prompt. A prompt alone (as many keys as queries) stays Inductor's: there the repeat copies little, and the
+    op lost (H100, 4 x 512 tokens: Qwen2-style 0.96x, Llama-style 0.88x Inductor)."""
+    def check(s: G.Site) -> str | None:
+        lq, sk = s.tensor(q).shape[2], s.tensor(k).shape[2]
+        if not known(lq > MAX_QUERY):
+            return f"{lq} query rows (<= {MAX_QUERY}): decode, not prefill"
+        if not known(sk >= 2 * lq):
+            return f"{sk} keys for {lq} query rows (< 2x): a prompt alone, Inductor's"
+        return None
+
+    return G.Guard(f"prompt_against_cache({q}, {k})", check, policy=True)
 
 
 def _prefill_cases(kind):  # (B, Hq, Hkv, Lq, S, D, mask): prompts against caches 2-3.5x as long, groups of 2 and 3
@@ -263,19 +283,22 @@ def _prefill_cases(kind):  # (B, Hq, Hkv, Lq, S, D, mask): prompts against cache
 
 
 # a 512-token prompt against 4096 slots, awkward lengths, MQA, batch 8 of a chunk at a later position
-PREFILL_GPU_CASES = ((1, 16, 4, 512, 4096, 128), (2, 12, 2, 100, 333, 128), (3, 8, 1, 40, 40, 64), (8, 16, 4, 17, 1000, 64),
-             (1, 32, 8, 257, 520, 128))
+PREFILL_GPU_CASES = ((1, 16, 4, 512, 4096, 128), (2, 12, 2, 100, 333, 128), (3, 8, 1, 40, 40, 64),
+                     (8, 16, 4, 17, 1000, 64), (1, 32, 8, 257, 520, 128))
 
 
 def _prefill_rule(what: str, kind: str, forms: bool, **kw) -> Pattern:
     masked = kind != "none"
     return Pattern(
         f"prefill.{what}", reference=decode_attention_ref, op="gqa_attention", inputs=_inputs, dtypes=FLOATS,
-        trace="inductor", trace_case=(2, *GQA, 1, 6, 8, kind), cases=_prefill_cases(kind),  # decode's trace
-        gpu_cases=tuple((*c, kind) for c in PREFILL_GPU_CASES), baseline=decode_attention_eager, literals=("scale",),
-        bad_layout=_bad(_prefill_cases(kind)[0]), bad_reason="head dim", graph_forms=_forms(masked) if forms else (),
-        guards=(cache_inputs("q", "k", "v", "mask" if masked else None), prefill_inputs("q", "k", "mask" if masked else None)),
-        **kw)
+        trace="inductor", trace_case=(2, *GQA, 1, 6, 8, kind),  # decode's trace
+        literals=("scale",), graph_forms=_forms(masked) if forms else (),
+        guards=(cache_inputs("q", "k", "v", "mask" if masked else None),
+                prefill_kernel_inputs("q", "mask" if masked else None), prompt_against_cache("q", "k")),
+        **kw,
+        fixtures=Fixtures(cases=_prefill_cases(kind), gpu_cases=tuple((*c, kind) for c in PREFILL_GPU_CASES),
+                          baseline=decode_attention_eager, bad_layout=_bad(_prefill_cases(kind)[0]),
+                          bad_reason="head dim"))
 
 
 # Grouped heads only: without them there is no copy to save (MHA prefill stays Inductor's).

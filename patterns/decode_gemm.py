@@ -2,28 +2,26 @@
 
 In a decode step (M = batch x new tokens rows) every linear is one pass over its weight, and the step is
 mostly that pass: Llama-style b32 at position 1024 spent 0.51 ms of 0.99 in cuBLAS for 0.28 ms of weight
-bytes (H100, benchmarks/NOTES.md). SwiGLU's gate and up projections are two such passes and an elementwise
-kernel; the op reads both weights in one launch and writes silu(gate) * up.
+bytes (H100). SwiGLU's gate and up projections are two such passes and an elementwise kernel; the op reads both
+weights in one launch and writes silu(gate) * up.
 
 q, k and v are three linears of one input: ``fusekit::decode_qkv`` reads the three weights in one launch (with
-Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Measured against cuBLAS's three calls
-(results/h100_decode_gemm_qkv_2026-11-24d.md): Llama-style 2.27x / 2.18x / 1.93x / 1.21x at 1 / 8 / 16 / 32 rows,
-Qwen2-style 2.57x at 1 row to 1.37x at 64; at 33-64 rows through the split-K kernel (decode_linear_splitk.cuh;
-results/h100_decode_gemm_splitk_2026-11-24h.md) Llama-style 1.29-1.37x, Qwen2-style 1.41-1.47x. They fire up to 64 rows.
+Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Against cuBLAS's three calls (H100): Llama-style
+2.27x / 2.18x / 1.93x / 1.21x at 1 / 8 / 16 / 32 rows, Qwen2-style 2.57x at 1 row to 1.37x at 64; at 33-64 rows
+through the split-K kernel Llama-style 1.29-1.37x, Qwen2-style 1.41-1.47x. They fire up to 64 rows.
 
-Measured selection. Where the TMA kernel runs (sm_90a builds, decode_linear_tma.cuh: weight tiles streamed through
-a shared-memory ring by TMA, wgmma, K split over a cluster): every rule, the plain linear included, up to 64 rows
-(H100, Llama-style, op alone, cold weights, results/h100_decode_gemm_tma_2026-11-26.md: at 32 rows down 13.4 ->
-11.5 us, lm_head 52.0 -> 50.0, gate/up with silu 25.6 -> ~21, o 6.5 -> 6.7; at 1-8 rows o 6.3 -> 5.7-5.9).
-Elsewhere (benchmarks/bench_decode_gemm.py, results/h100_decode_gemm.md): gate/up up to 8 rows (Llama-style 1.13x /
-1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style 1.06x / 1.04x; 0.96-1.05x at 16 and 32); the plain
-linear only where options={"patterns": [...]} names it (cuBLAS was faster at every projection, the op 0.43-0.98x),
-up to 32 rows.
+Measured selection. Where the TMA kernel runs (sm_90a builds: weight tiles streamed through a shared-memory ring
+by TMA, wgmma, K split over a cluster): every rule, the plain linear included, up to 64 rows (H100, Llama-style,
+op alone, cold weights: at 32 rows down 13.4 -> 11.5 us, lm_head 52.0 -> 50.0, gate/up with silu 25.6 -> ~21,
+o 6.5 -> 6.7; at 1-8 rows o 6.3 -> 5.7-5.9). Elsewhere (benchmarks/bench_decode_gemm.py): gate/up up to 8 rows
+(Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style 1.06x / 1.04x; 0.96-1.05x at
+16 and 32); the plain linear only where options={"patterns": [...]} names it (cuBLAS was faster at every
+projection, the op 0.43-0.98x), up to 32 rows.
 
-Rules: gate/up (longest first), q/k/v with biases, q/k/v, then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and
-back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused bias/activation
-epilogue is that family's first; a bias added after the product (Qwen2's q/k/v) stays Inductor's and fuses
-into its next pointwise kernel.
+Rules: gate/up (longest first), q/k/v with biases, q/k/v, then the plain linear, each for a 3-D x (HF's [B, S, K],
+viewed to rows and back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused
+bias/activation epilogue is that family's first; a bias added after the product (Qwen2's q/k/v) stays Inductor's
+and fuses into its next pointwise kernel.
 """
 from __future__ import annotations
 
@@ -33,14 +31,13 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
 from fusion_backend import guards as G
-from fusion_backend.registry import Pattern, rand
+from fusion_backend.registry import Fixtures, Pattern, rand
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.CUDA_DTYPES)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.OPS: the CUDA kernels take 16 bits)
 # Rows (batch x new tokens) up to which a rule fires. Where the decode GEMMs' TMA kernel runs (sm_90a builds:
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
-# at 1-64 rows on the H100 (results/h100_decode_gemm_tma_2026-11-26.md). Elsewhere gate/up measured faster than
-# cuBLAS + Inductor up to 8, q/k/v than cuBLAS's three calls up to 64 (bench_decode_gemm.py, probes/decode_gemm_op.py),
-# and the plain linear (then off by default) up to 32 where named.
+# at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
+# three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32}
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
 
@@ -83,28 +80,28 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
 
 
-def _tma(t: Tensor) -> bool:
-    return t.device.type == "cuda" and G.has_tma_kernels(t.device)
+def has_tma_kernel(arch: str | None) -> bool:
+    """Whether kernels built for `arch` hold the TMA decode GEMM (sm_90a only: wgmma and the bulk tensor copy)."""
+    return arch == "9.0a"
 
 
 def few_rows(x: str, rule: str) -> G.Guard:
-    """Should fire: at most MAX_ROWS_TMA[rule] rows where the TMA kernel runs, else MAX_ROWS[rule] (read at each
-    check: a probe may change them). Above it cuBLAS's tiled GEMMs reuse each weight tile across enough rows that
-    the pass over the weight is no longer the whole cost."""
+    """Policy: at most MAX_ROWS_TMA[rule] rows where the TMA kernel runs, else MAX_ROWS[rule] (read at each check:
+    a benchmark may change them). Above it cuBLAS's tiled GEMMs reuse each weight tile across enough rows that the
+    pass over the weight is no longer the whole cost."""
     def check(s: G.Site) -> str | None:
         t = s.tensor(x)
-        limit = (MAX_ROWS_TMA if _tma(t) else MAX_ROWS)[rule]
+        limit = (MAX_ROWS_TMA if has_tma_kernel(s.kernel_arch()) else MAX_ROWS)[rule]
         rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
         return None if known(rows <= limit) else f"{rows} rows (> {limit}): not a decode step's linear"
 
-    return G.Guard(f"few_rows({x})", check)
+    return G.Guard(f"few_rows({x})", check, policy=True)
 
 
-def tma_default(dtype: torch.dtype, device: torch.device) -> bool:
+def tma_default(dtype: torch.dtype, arch: str | None) -> bool:
     """The plain linear's CUDA default (Pattern.cuda_default): on where the TMA kernel runs; elsewhere opt-in, since
-    fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection
-    (results/h100_decode_gemm.md: 0.43-0.98x)."""
-    return G.has_tma_kernels(device)
+    fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection (0.43-0.98x, H100)."""
+    return has_tma_kernel(arch)
 
 
 # ---- test inputs: case = (*rows, K, N) with rows [B, S] (3-D x) or [M] (2-D) -------------------------
@@ -138,10 +135,11 @@ def _rule(name: str, gated: bool, rank: int) -> Pattern:
     return Pattern(
         pid, reference=decode_linear_ref, op="decode_linear",
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
-        cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
-        gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8",
         cuda_default=True if gated else tma_default,
         guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name)),
+        fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
+                          gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case),
+                          bad_reason="multiples of 8"),
     )
 
 
@@ -180,12 +178,13 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
         f"decode_gemm.qkv{'_bias' if bias else ''}{'' if rank == 3 else '_2d'}", reference=decode_qkv_ref,
         op="decode_qkv", static={} if bias else {"bq": None, "bk": None, "bv": None},
         dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"),
-        cases=((1, 1, 32, 40, 16), (2, 3, 16, 24, 8)) if rank == 3 else ((5, 32, 40, 16), (3, 16, 24, 8)),
-        gpu_cases=QKV_GPU_CASES[rank],
-        bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev), bad_reason="multiples of 8",
         guards=(G.same_dtype(*tensors), weight_operands("x", "wq", "wk", "wv", one_shape=False),
                 *((vectors("wq", "bq"), vectors("wk", "bk"), vectors("wv", "bv")) if bias else ()),
                 few_rows("x", "qkv")),
+        fixtures=Fixtures(
+            cases=((1, 1, 32, 40, 16), (2, 3, 16, 24, 8)) if rank == 3 else ((5, 32, 40, 16), (3, 16, 24, 8)),
+            gpu_cases=QKV_GPU_CASES[rank], bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev),
+            bad_reason="multiples of 8"),
     )
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from fusion_backend import guards as G
-from fusion_backend.registry import EXACT, Pattern, rand
+from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
 
 FP8 = torch.float8_e4m3fn
@@ -58,7 +58,7 @@ def _int8(case, dt, dev):
     return (torch.randint(-128, 128, tuple(case), device=dev, dtype=torch.int8),)
 
 
-# Sizes below which Inductor's kernels measured faster (H200, CUDA graphs; history in benchmarks/NOTES.md):
+# Sizes below which Inductor's kernels measured faster (H200, CUDA graphs):
 # per-channel and fp32 dynamic below ~1M elements, per-row and 16-bit dynamic below ~5M (too few rows to fill the GPU).
 MIN_NUMEL_CHANNEL = 990_000
 MIN_NUMEL_PER_ROW = 4_990_000
@@ -73,65 +73,69 @@ def _channel_guards(per_row: bool):
 PATTERNS = [
     Pattern(
         "quantize.dyn_quant_i8",  # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
-        cuda_default=True,  # measured: 0.51-0.82x Inductor's time at 20M/50M, every dtype (results/h200.md)
+        cuda_default=True,  # measured: 0.51-0.82x Inductor's time at 20M/50M, every dtype (H200; benchmarks/RESULTS.md)
         cuda_min_numel=MIN_NUMEL_DYN,
         reference=dyn_quant_i8_ref, op="dyn_quant_i8", literals=("eps",),
-        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
-        guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),),
+        guards=(G.contiguous("x"),), tol=EXACT,
+        fixtures=Fixtures(cases=_ROWS, bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)),
     ),
     Pattern(
         "quantize.dyn_quant_fp8",  # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
-        cuda_default=True,  # measured: 0.55-0.85x Inductor's time at 20M/50M, every dtype (results/h200.md)
+        cuda_default=True,  # measured: 0.55-0.85x Inductor's time at 20M/50M, every dtype (H200; benchmarks/RESULTS.md)
         cuda_min_numel=MIN_NUMEL_DYN,
         reference=dyn_quant_fp8_ref, op="dyn_quant_fp8", literals=("eps",),
-        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),), cases=_ROWS,
-        guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),),
+        guards=(G.contiguous("x"),), tol=EXACT,
+        fixtures=Fixtures(cases=_ROWS, bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)),
     ),
     Pattern(
         "quantize.quant_fp8",  # static per-tensor FP8 e4m3, saturating: 3 kernels -> 1
-        cuda_default=False,  # measured: at parity with Inductor (results/h200.md); opt-in
+        cuda_default=False,  # measured: at parity with Inductor (H200; benchmarks/RESULTS.md); opt-in
         reference=quant_fp8_ref, op="quant_fp8",
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 30.0),),  # |x / scale| beyond 448: saturates
-        guards=(G.contiguous("x"),), bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),), tol=EXACT,
+        guards=(G.contiguous("x"),), tol=EXACT,
         variants=(lambda x, scale: torch.clamp(x / scale, -448.0, 448.0).to(FP8),),
+        fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)),
     ),
     Pattern(
         "quantize.quant_i8_per_col",  # per-channel INT8, one scale/zp per column (weights, per-channel acts)
-        # measured: fp16/bf16 0.77-0.84x Inductor's time at 20M/50M (results/h200_quant_hbm.md, 3-round
-        # medians); fp32 at parity (results/h200.md), so opt-in there
+        # measured: fp16/bf16 0.77-0.84x Inductor's time at 20M/50M (H200, 3-round medians); fp32 at parity
+        # (benchmarks/RESULTS.md), so opt-in there
         cuda_default=(torch.float16, torch.bfloat16),
         cuda_min_numel=MIN_NUMEL_CHANNEL,
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=False),
-        cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
-        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1,
-                                    torch.zeros(16, device=dev)),
+        trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
+        fixtures=Fixtures(cases=((4, 32), (33, 64)), bad_layout=lambda dt, dev: (
+            rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1, torch.zeros(16, device=dev))),
     ),
     Pattern(
         "quantize.quant_i8_per_row",  # per-channel INT8, one scale/zp per row
-        # measured: fp16/bf16 0.85-0.94x Inductor's time at 20M/50M (results/h200_quant_hbm.md); fp32 at parity
+        # measured: fp16/bf16 0.85-0.94x Inductor's time at 20M/50M (H200); fp32 at parity
         cuda_default=(torch.float16, torch.bfloat16),
         cuda_min_numel=MIN_NUMEL_PER_ROW,
         reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=True),
-        cases=((4, 32), (33, 64)), trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
-        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1,
-                                    torch.zeros(8, 1, device=dev)),
+        trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
+        fixtures=Fixtures(cases=((4, 32), (33, 64)), bad_layout=lambda dt, dev: (
+            rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1, torch.zeros(8, 1, device=dev))),
     ),
     *[Pattern(
         f"quantize.dequant_i8_{str(out)[6:]}",  # (q.float() - zp) * scale [-> half]: int8 -> float in one pass
         reference=dequant_i8_ref, op="dequant_i8", static={"dtype": out}, inputs=_int8,
         dtypes=(torch.int8,), guards=(G.contiguous("q"),), tol=EXACT,
-        cuda_default=False,  # measured: at parity with Inductor, every output dtype (results/h200.md); opt-in
-        bad_layout=lambda dt, dev: (torch.randint(-128, 128, (16, 8), device=dev, dtype=torch.int8).t(),),
+        cuda_default=False,  # measured: at parity with Inductor, every output dtype (H200; benchmarks/RESULTS.md); opt-in
+        fixtures=Fixtures(bad_layout=lambda dt, dev: (
+            torch.randint(-128, 128, (16, 8), device=dev, dtype=torch.int8).t(),)),
     ) for out in (torch.float16, torch.bfloat16, torch.float32)],  # the bare float32 form is a prefix: last
     Pattern(
         "quantize.quant_i8",  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
-        cuda_default=False,  # measured: at parity with Inductor (results/h200.md); opt-in
+        cuda_default=False,  # measured: at parity with Inductor (H200; benchmarks/RESULTS.md); opt-in
         reference=quant_i8_ref, op="quant_i8",
         inputs=lambda case, dt, dev: (rand(case, dt, dev, 4.0),),  # |x| up to ~16: exercises the clamp
         guards=(G.contiguous("x"), G.int8_range("qmin", "qmax")),
         variants=(lambda x, scale, zp, qmin, qmax: (x / scale + zp).round().clamp(qmin, qmax).to(torch.int8),
                   lambda x, scale, zp, qmin, qmax: torch.clamp(torch.round(x / scale + zp), qmin, qmax).char()),
-        bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),),
         tol=EXACT,
+        fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),)),
     ),
 ]

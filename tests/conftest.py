@@ -12,11 +12,15 @@ HAS_GPU = torch.cuda.is_available()
 
 
 def pattern_params(dtypes=True):
-    """(pattern, dtype) pairs from the tables: every test that takes them is generated."""
-    out = []
+    """(pattern, dtype) pairs from the tables: every test that takes them is generated. The quick subset
+    (`-m "not slow"`) keeps the first rule of each op in its first dtype; the rest are marked slow."""
+    out, ops = [], set()
     for p in table.all_patterns():
-        for dt in (p.dtypes if dtypes else p.dtypes[:1]):
-            out.append(pytest.param(p, dt, id=f"{p.id}-{str(dt).replace('torch.', '')}"))
+        quick = p.op not in ops
+        ops.add(p.op)
+        for i, dt in enumerate(p.dtypes if dtypes else p.dtypes[:1]):
+            out.append(pytest.param(p, dt, id=f"{p.id}-{str(dt).replace('torch.', '')}",
+                                    marks=() if quick and i == 0 else (pytest.mark.slow,)))
     return out
 
 

@@ -243,17 +243,18 @@ def test_kernels_load_before_inductor_for_cuda_graphs(monkeypatch):
     ((9, 0), {"triton.enable_pdl": False}, ("combo_kernels", "combo_kernels_pointwise_only")),
     ((9, 0), {"combo_kernels": False}, ("triton.enable_pdl", "combo_kernels_pointwise_only"))])
 def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capability, options, want):
-    """On sm_90+ the backend lets its pass set Inductor's decode settings (passes.DECODE_INDUCTOR, where a decode
-    attention rule fires; see the next test), holding each config key at its current value so that it goes back
-    after the compile; not before sm_90, and never a key the user set. Checked with fake CUDA inputs, the device's
-    capability stubbed and compile_fx stubbed."""
+    """On sm_90+ the backend lets its pass set the Inductor settings the decode family declares (patterns.decode.
+    INDUCTOR, where a decode attention rule fires; see the next test), holding each config key at its current value
+    so that it goes back after the compile; not before sm_90, and never a key the user set. Checked with fake CUDA
+    inputs, the device's capability stubbed and compile_fx stubbed."""
     from torch._inductor import compile_fx as cfx
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fusion_backend import _ext
     from fusion_backend.backend import fusekit
-    from fusion_backend.passes import DECODE_INDUCTOR, inductor_config_value
+    from fusion_backend.passes import inductor_config_value
 
+    DECODE_INDUCTOR = table.inductor_settings()["decode"].config
     want = tuple(k for k in want if inductor_config_value(k) is not None)  # (keys this torch has)
     seen = {}
     monkeypatch.setattr(_ext, "load_for_device", lambda: None)
@@ -264,13 +265,13 @@ def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capa
     with FakeTensorMode():
         cuda_inputs = [torch.empty(4, device="cuda"), torch.empty(4, device="cuda")]
     fusekit(gm, cuda_inputs, options=options)
-    assert seen["post_grad_custom_post_pass"].options.inductor_decode == want, seen
+    assert dict(seen["post_grad_custom_post_pass"].options.inductor).get("decode", ()) == want, seen
     for key in DECODE_INDUCTOR:  # held at its value, the user's, or not patched at all
         assert seen.get(key, "unset") == (inductor_config_value(key) if key in want else
                                           (options or {}).get(key, "unset")), (key, seen)
     seen.clear()
     fusekit(gm, [torch.randn(4), torch.randn(4)])  # CPU inputs: Inductor's defaults
-    assert not seen["post_grad_custom_post_pass"].options.inductor_decode, seen
+    assert not seen["post_grad_custom_post_pass"].options.inductor, seen
     assert not set(DECODE_INDUCTOR) & set(seen), seen
 
 
@@ -282,15 +283,16 @@ def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeyp
     after the compile. Seen by a user post pass, which runs after fusekit's."""
     import importlib
 
-    from fusion_backend.passes import DECODE_INDUCTOR, inductor_config_value
+    from fusion_backend.passes import inductor_config_value
     from fusion_backend.tools import decode_bench
 
     backend_mod = importlib.import_module("fusion_backend.backend")  # (the package's `backend` is the function)
 
+    DECODE_INDUCTOR = table.inductor_settings()["decode"].config
     keys = [k for k in DECODE_INDUCTOR if inductor_config_value(k) is not None]
     if not keys:
         pytest.skip("this torch's Inductor has none of the decode settings")
-    monkeypatch.setattr(backend_mod, "_hopper_or_newer", lambda inputs: True)
+    monkeypatch.setattr(backend_mod, "_cuda_capability", lambda inputs: (9, 0))
     seen = []
 
     def probe(graph):
@@ -314,7 +316,7 @@ def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeyp
 
 
 def test_compiles_again_without_the_decode_settings_if_inductor_fails_with_them(monkeypatch, caplog):
-    """Where Inductor fails after the pass set its decode settings (simulated: a user post pass, which runs after
+    """Where Inductor fails after the pass set the decode family's settings (simulated: a user post pass, which runs after
     fusekit's, raises while combo_kernels is on), the backend compiles the graph again without them: the step runs
     and gives the uncompiled model's logits, and the log says why. A failure without those settings propagates."""
     import importlib
@@ -325,7 +327,7 @@ def test_compiles_again_without_the_decode_settings_if_inductor_fails_with_them(
     backend_mod = importlib.import_module("fusion_backend.backend")
     if inductor_config_value("combo_kernels") is None:
         pytest.skip("this torch's Inductor has no combo_kernels")
-    monkeypatch.setattr(backend_mod, "_hopper_or_newer", lambda inputs: True)
+    monkeypatch.setattr(backend_mod, "_cuda_capability", lambda inputs: (9, 0))
     calls = []
 
     def fails_with_combo(graph):

@@ -24,11 +24,11 @@ def cuda_patterns(flat=None):
     if not torch.cuda.is_available():
         return out
     for p in table.all_patterns():
-        if flat is not None and (p.gpu_cases is None) != flat:
+        if flat is not None and (p.fixtures.gpu_cases is None) != flat:
             continue
         if _ext.missing_cuda_kernel(p.op, torch.device("cuda")) is None:
             for dt in p.dtypes:
-                if dt not in ops.CUDA_DTYPES.get(p.op, (dt,)):  # the rule's CPU-only dtypes
+                if not ops.cuda_kernel_takes(p.op, dt):  # the rule's CPU-only dtypes
                     continue
                 out.append(pytest.param(p, dt, id=f"{p.id}-{str(dt)[6:]}"))
     return out
@@ -36,7 +36,7 @@ def cuda_patterns(flat=None):
 
 def shaped_cases():
     return [pytest.param(p, dt, c, id=f"{p.id}-{str(dt)[6:]}-{'x'.join(map(str, c))}")
-            for pdt in cuda_patterns(flat=False) for p, dt in [pdt.values] for c in p.gpu_cases]
+            for pdt in cuda_patterns(flat=False) for p, dt in [pdt.values] for c in p.fixtures.gpu_cases]
 
 
 def _run(p, args):
@@ -73,8 +73,8 @@ def _check_fa3(p, args, out, ref_same, i=0):
 
     args64 = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     ref64 = nth(p.eager(*args64))
-    if p.baseline is not None:
-        ref_same = nth(p.baseline(**dict(zip(p.arg_names, args)), **dict(p.static)))
+    if p.fixtures.baseline is not None:
+        ref_same = nth(p.fixtures.baseline(**dict(zip(p.arg_names, args)), **dict(p.static)))
     nan = ref64.isnan()
     assert torch.equal(out.isnan(), nan), f"{p.id}: NaN where the reference has none, or the reverse"
     out, ref_same, ref64 = out[~nan], ref_same[~nan], ref64[~nan]
@@ -110,8 +110,8 @@ def test_shaped_kernel_matches_reference(p, dtype, case):
 
 @pytest.mark.parametrize("p,dtype", cuda_patterns(flat=True))
 def test_kernel_odd_shapes_and_unaligned_views(p, dtype):
-    first = p.cases[0]
-    for case in [*p.cases, (0, *first[1:]), tuple(reversed(_case(p, 4097)))]:
+    first = p.fixtures.cases[0]
+    for case in [*p.fixtures.cases, (0, *first[1:]), tuple(reversed(_case(p, 4097)))]:
         args = p.make_args(case, dtype, "cuda")
         _check(p, args, _run(p, args))
     # views at an odd element offset: the scalar (unvectorized) path
@@ -273,7 +273,7 @@ def test_quant_per_row_wide_rows(cols, dtype):
 
 @pytest.mark.parametrize("p,dtype", cuda_patterns())
 def test_bad_direct_calls_raise_clear_errors(p, dtype):
-    args = list(p.make_args(p.cases[0], dtype, "cuda"))
+    args = list(p.make_args(p.fixtures.cases[0], dtype, "cuda"))
     x = args[0]
     wrong_dtype = x.double() if x.is_floating_point() else x.float()
     for bad in (x.transpose(0, -1) if x.dim() > 1 else x[::2], wrong_dtype):  # layout, dtype
@@ -287,7 +287,7 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     import fusion_backend
 
     # decode rules fire on CUDA only at serving sizes (decode.enough_rows); their first GPU case is one
-    case = p.gpu_cases[0] if p.id.startswith("decode.") else p.cases[-1]
+    case = p.fixtures.gpu_cases[0] if p.id.startswith("decode.") else p.fixtures.cases[-1]
     args = p.make_args(case, dtype, "cuda")
     by_default = p.on_by_default(dtype, args[0].device) and args[0].numel() >= p.min_numel(dtype)  # small: name it
     rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
@@ -324,7 +324,7 @@ def test_compiled_variants_on_cuda_fire(p, dtype):
     post-grad graph has them (on CUDA Inductor unfuses addmm + pointwise into mm + add)."""
     import fusion_backend
 
-    args = p.make_args(p.cases[-1], dtype, "cuda")
+    args = p.make_args(p.fixtures.cases[-1], dtype, "cuda")
     for v in p.variants:
         rep = fusion_backend.explain(v, *args, options=None if p.on_by_default(dtype) else {"patterns": [p.id]})
         assert rep.sites[p.id] == 1, str(rep)
@@ -335,7 +335,7 @@ def test_compiled_variants_on_cuda_fire(p, dtype):
 def test_off_by_default_rules_do_not_fire_unless_named(p, dtype):
     import fusion_backend
 
-    rep = fusion_backend.explain(p.search_fn(), *p.make_args(p.cases[-1], dtype, "cuda"))
+    rep = fusion_backend.explain(p.search_fn(), *p.make_args(p.fixtures.cases[-1], dtype, "cuda"))
     assert rep.sites[p.id] == 0
     assert any("off by default" in m.reason for m in rep.near_misses if m.pattern == p.id), str(rep)
 
@@ -367,7 +367,7 @@ def test_attention_mask_broadcasts_and_layouts(p, dtype):
     q, k, v = (registry.rand((b, h, n, d), dtype, "cuda") for n in (sq, sk, sk))
     keep = torch.rand(b, 1, sq, sk, device="cuda") > 0.3
     keep[..., 0] = True
-    base = keep if p.inputs(p.cases[0], dtype, "cpu")[3].dtype == torch.bool else \
+    base = keep if p.inputs(p.fixtures.cases[0], dtype, "cpu")[3].dtype == torch.bool else \
         torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, float("-inf"))
     masks = [base, base[:1, :, :1], base[0, 0], base[0, 0, 0], base.expand(b, h, sq, sk),
              torch.cat([base, base], -1)[..., :sk]]  # last: rows at a 2*sk pitch
@@ -668,7 +668,7 @@ def test_decode_qkv_fires_whether_or_not_pad_mm_pads_its_rows(p, pad):
     import fusion_backend
     from torch._inductor import config as inductor_config
 
-    args = p.make_args(p.cases[-1], torch.float16, "cuda")
+    args = p.make_args(p.fixtures.cases[-1], torch.float16, "cuda")
     assert args[0].numel() // args[0].shape[-1] == 6
     with inductor_config.patch(shape_padding=pad, force_shape_pad=pad):
         rep = fusion_backend.explain(p.search_fn(), *args)

@@ -32,7 +32,7 @@ def _opcheck(op, args):
 @pytest.mark.parametrize("p,dtype", pattern_params())
 def test_opcheck_cpu(p, dtype):
     op = registry.op_overload(p.op)
-    for case in p.cases:
+    for case in p.fixtures.cases:
         _opcheck(op, _op_args(p, case, dtype, "cpu"))
 
 
@@ -42,7 +42,7 @@ def test_opcheck_tensor_scalar_companions(p, dtype):
     if not floats:
         pytest.skip("no float parameters")
     op = registry.op_overload(p.op)
-    args = _op_args(p, p.cases[0], dtype, "cpu")
+    args = _op_args(p, p.fixtures.cases[0], dtype, "cpu")
     kwargs = {f"{n}_t": torch.tensor(float(args[[m for m, _ in p.params].index(n)]) * 2) for n in floats}
     torch.library.opcheck(op, args, kwargs)
     want = p.reference(*[kwargs.get(f"{n}_t", a) for (n, _), a in zip(p.params, args)])
@@ -59,11 +59,11 @@ def test_every_op_has_a_schema_matching_its_reference():
         assert companions >= {f"{n}_t" for n in p.tensor_scalars}, (p.id, str(schema))
         assert all(c[:-2] in positional for c in companions), (p.id, str(schema))
     used = {p.op for p in table.all_patterns()} | {"verify"}
-    assert used == set(ops.SCHEMAS), "every op in ops.SCHEMAS is used by a pattern, and vice versa"
+    assert used == set(ops.OPS), "every op in ops.OPS is used by a pattern, and vice versa"
 
 
 def test_ops_are_functional():
-    for name in ops.SCHEMAS:
+    for name in ops.OPS:
         schema = getattr(torch.ops.fusekit, name).default._schema
         assert not schema.is_mutable and all(a.alias_info is None for a in schema.arguments), name
 
@@ -88,8 +88,8 @@ def test_opcheck_cuda(p, dtype):
 
     if _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
         pytest.skip(_ext.missing_cuda_kernel(p.op, torch.device("cuda")))
-    if dtype not in ops.CUDA_DTYPES.get(p.op, (dtype,)):
+    if not ops.cuda_kernel_takes(p.op, dtype):
         pytest.skip(f"{p.op}'s CUDA kernel does not take {dtype} (the rule takes it on CPU only)")
     op = registry.op_overload(p.op)
-    for case in p.cases:
+    for case in p.fixtures.cases:
         _opcheck(op, _op_args(p, case, dtype, "cuda"))

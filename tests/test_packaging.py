@@ -52,3 +52,16 @@ def test_wheel_contains_patterns_and_csrc(tmp_path):
     text = zipfile.ZipFile(next(tmp_path.glob("fusekit-*.whl"))).read(ep).decode()
     assert "[torch_dynamo_backends]" in text and "fusekit = fusion_backend.backend:fusekit" in text
     assert "fusekit = fusion_backend.tools.cli:main" in text
+
+
+def test_a_cpu_install_pulls_no_cuda_only_packages():
+    """A plain install needs torch alone; what only a kernel build uses (ninja, the CUTLASS headers, whose wheel
+    pulls cuda-python, scipy, pydot, treelib) comes with the `cuda` extra."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert [d.split(">")[0].split("=")[0].strip() for d in project["dependencies"]] == ["torch"]
+    cuda = " ".join(project["optional-dependencies"]["cuda"])
+    assert "nvidia-cutlass" in cuda and "ninja" in cuda
+    assert not any("cutlass" in d or "cuda" in d for k, ds in project["optional-dependencies"].items()
+                   if k != "cuda" for d in ds)

@@ -6,7 +6,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fusion_backend import stats, table, tracing, unpad
-from fusion_backend.passes import FusekitOptions, FusekitPass
+from fusion_backend.options import Options
+from fusion_backend.passes import FusekitPass
 
 aten = torch.ops.aten
 
@@ -80,14 +81,14 @@ def _pad_mms(gm, which):
 
 def _run_pass(gm, pattern_ids):
     with stats.collect() as records:
-        FusekitPass(FusekitOptions(tuple(pattern_ids), forced=tuple(pattern_ids), cpu_reference=True))(gm.graph)
+        FusekitPass(Options(tuple(pattern_ids), forced=tuple(pattern_ids), cpu_reference=True))(gm.graph)
     gm.recompile()
     return records[-1]
 
 
 def test_a_rule_fires_whichever_of_its_matmuls_pad_mm_padded():
     p = table.by_id("attention.softmax_chain")
-    args = p.make_args(p.cases[-1], torch.float16, "cpu")  # (the rule takes 16-bit dtypes)
+    args = p.make_args(p.fixtures.cases[-1], torch.float16, "cpu")  # (the rule takes 16-bit dtypes)
     want = p.eager(*args)
     for which in ((0,), (1,), (0, 1)):
         gm = _pad_mms(tracing.post_grad_graph(p.search_fn(), args, pad=False), which)
@@ -99,7 +100,7 @@ def test_a_rule_fires_whichever_of_its_matmuls_pad_mm_padded():
 
 def test_padding_goes_back_where_no_rule_fires():
     p = table.by_id("attention.softmax_chain")
-    args = p.make_args(p.cases[-1], torch.float16, "cpu")  # (the rule takes 16-bit dtypes)
+    args = p.make_args(p.fixtures.cases[-1], torch.float16, "cpu")  # (the rule takes 16-bit dtypes)
     gm = _pad_mms(tracing.post_grad_graph(p.search_fn(), args, pad=False), (0, 1))
     before = gm.code
     rec = _run_pass(gm, ["elementwise.mul_add"])  # a rule that takes nothing here
@@ -133,7 +134,7 @@ def test_decode_qkv_with_biases_fires_whichever_addmm_pad_mm_padded():
     test of the rule failed when two of the three came padded). The rule fires on every combination, and
     where it does not fire the padding goes back as it was."""
     p = table.by_id("decode_gemm.qkv_bias")
-    args = p.make_args(p.cases[-1], torch.float16, "cpu")
+    args = p.make_args(p.fixtures.cases[-1], torch.float16, "cpu")
     assert args[0].numel() // args[0].shape[-1] % 8  # rows pad_mm pads
     want = p.eager(*args)
     for which in ((0,), (1, 2), (0, 1, 2)):

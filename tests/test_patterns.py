@@ -28,7 +28,7 @@ def _fires(p, fn, args, sites=1):
 
 @pytest.mark.parametrize("p,dtype", pattern_params())
 def test_fires_and_matches_eager(p, dtype):
-    for case in p.cases:
+    for case in p.fixtures.cases:
         args = p.make_args(case, dtype, "cpu")
         rep, code = _fires(p, p.search_fn(), args)
         assert _no_unfused_ops(code), code  # the whole chain became the one op
@@ -40,7 +40,7 @@ def test_other_spellings_fire(p, dtype):
     """Commuted operands, method vs function spellings, .char() vs .to(int8) ..."""
     if not p.variants:
         pytest.skip("no alternative spellings declared")
-    args = p.make_args(p.cases[0], dtype, "cpu")
+    args = p.make_args(p.fixtures.cases[0], dtype, "cpu")
     for v in p.variants:
         rep, _ = _fires(p, v, args)
         assert_same(rep.output, p.eager(*args))  # the op computes the reference ...
@@ -53,7 +53,7 @@ def test_scalars_as_tensors_and_after_recompile(p, dtype):
     floats = p.tensor_scalars
     if not floats:
         pytest.skip("no float parameters")
-    args = list(p.make_args(p.cases[0], dtype, "cpu"))
+    args = list(p.make_args(p.fixtures.cases[0], dtype, "cpu"))
     idx = [p.arg_names.index(n) for n in floats]
     # 0-dim tensors given by the user
     targs = [torch.tensor(a) if i in idx else a for i, a in enumerate(args)]
@@ -91,7 +91,7 @@ def _with_reused_intermediate(fn, args):
 
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
 def test_no_fire_when_intermediate_reused(p, dtype):
-    args = p.make_args(p.cases[0], dtype, "cpu")
+    args = p.make_args(p.fixtures.cases[0], dtype, "cpu")
     gm = _with_reused_intermediate(p.search_fn(), args)
     rep = explain(gm, *args)
     assert rep.sites[p.id] == 0, str(rep)
@@ -110,7 +110,7 @@ def test_no_fire_on_unsupported_dtype(p, dtype):
         if not isinstance(a, torch.Tensor):
             return a
         return a.double() if a.is_floating_point() else a.to(torch.int16) if a.dtype == torch.int8 else a
-    args = [other(a) for a in p.make_args(p.cases[0], dtype, "cpu")]
+    args = [other(a) for a in p.make_args(p.fixtures.cases[0], dtype, "cpu")]
     rep = explain(p.search_fn(), *args)
     code = "\n".join(g.graph_code for g in rep.graphs)
     if rep.sites[p.id]:
@@ -124,10 +124,10 @@ def test_no_fire_on_unsupported_dtype(p, dtype):
 
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
 def test_no_fire_on_failing_guard(p, dtype):
-    args = _fill(p, p.bad_layout(dtype, "cpu"))
+    args = _fill(p, p.fixtures.bad_layout(dtype, "cpu"))
     rep = explain(p.search_fn(), *args)
     assert rep.sites[p.id] == 0, str(rep)
-    assert any(m.pattern == p.id and p.bad_reason in m.reason for m in rep.near_misses), str(rep)
+    assert any(m.pattern == p.id and p.fixtures.bad_reason in m.reason for m in rep.near_misses), str(rep)
     # Inductor's result (its own fp16 roundings may differ by an ulp)
     torch.testing.assert_close(rep.output, p.eager(*args), equal_nan=True, **_inductor_tol(p, dtype))
 
@@ -149,17 +149,24 @@ def _fill(p, tensors):
 def test_cpu_needs_cpu_reference(p, dtype):
     import fusion_backend
 
-    args = p.make_args(p.cases[0], dtype, "cpu")
+    args = p.make_args(p.fixtures.cases[0], dtype, "cpu")
     rep = fusion_backend.explain(p.search_fn(), *args)  # default options
     assert rep.sites[p.id] == 0
     assert any(m.pattern == p.id and "cpu_reference" in m.reason for m in rep.near_misses), str(rep)
 
 
 def test_every_scalar_binds():
-    """Each float/int parameter survives tracing as its own argument in every dtype."""
+    """Each float/int parameter survives tracing as its own argument (a KeywordArg of the search pattern, not a
+    literal baked in) in every dtype."""
+    scalars = 0
     for p in table.all_patterns():
+        names = [n for n, k in p.params if k in ("float", "int")]
         for dt in p.dtypes:
-            tracing.trace_search_pattern(p, dt, "cpu")
+            text = pm.PatternPrettyPrinter.run(tracing.trace_search_pattern(p, dt, "cpu"))
+            missing = [n for n in names if f"KeywordArg('{n}')" not in text]
+            assert not missing, (p.id, dt, missing, text[-500:])
+            scalars += len(names)
+    assert scalars > 0
 
 
 def test_matmul_heavy_epilogue_k_window():
@@ -190,50 +197,94 @@ def test_matmul_4d_fires_only_where_leading_dims_merge():
         torch.testing.assert_close(rep.output, fn(qq, k, bias), atol=2e-3, rtol=2e-3)
 
 
-def test_size_threshold_guard(monkeypatch):
-    """The device guard's measured size threshold, on stand-ins for CUDA tensors (no GPU here): below it a
-    default-on rule does not fire and says why; named, or at the threshold, or with a symbolic size, it does."""
+def _cuda_site(x, arch="9.0a"):
+    """A stand-in for a site on a CUDA device (no GPU here) whose kernels were built for `arch`."""
     from types import SimpleNamespace as NS
 
-    from fusion_backend import _ext, guards
+    return NS(first_tensor=x, tensor=lambda name: x, kernel_arch=lambda: arch,
+              run=NS(options=NS(forced=(), cpu_reference=False)))
 
-    monkeypatch.setattr(_ext, "missing_cuda_kernel", lambda op, dev: None)
+
+def test_size_threshold_guard():
+    """The selection guard's measured size threshold, on stand-ins for CUDA tensors: below it a default-on rule
+    does not fire and says why; at the threshold, or with a symbolic size, it does. It is a policy guard (a
+    named rule skips it) and does nothing on CPU."""
+    from types import SimpleNamespace as NS
+
+    from fusion_backend import guards
+
     p = table.by_id("quantize.dyn_quant_i8")
-    check = guards._device_guard(p).check
+    sel = guards._selection_guard(p)
+    assert sel.policy and "selection" in [g.name for g in guards.all_guards(p)] and not guards._device_guard(p).policy
     floor = p.min_numel(torch.float16)
     assert floor > p.min_numel(torch.float32) > 0
-    for numel, forced, ok in ((floor - 1, (), False), (floor - 1, (p.id,), True), (floor, (), True),
-                              (NS(), (), True)):  # the last: a symbolic size (not a plain int)
+    for numel, ok in ((floor - 1, False), (floor, True), (NS(), True)):  # the last: a symbolic size
         x = NS(device=torch.device("cuda", 0), dtype=torch.float16, numel=lambda n=numel: n)
-        site = NS(tensor=lambda name: x, run=NS(options=NS(forced=forced, cpu_reference=False)))
-        reason = check(site)
-        assert (reason is None) == ok, (numel, forced, reason)
+        reason = sel.check(_cuda_site(x))
+        assert (reason is None) == ok, (numel, reason)
         assert ok or "size threshold" in reason
+    x = NS(device=torch.device("cpu"), dtype=torch.float16, numel=lambda: 1)
+    assert sel.check(_cuda_site(x)) is None
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "no-tma"])
-def test_device_aware_default(monkeypatch, tma):
-    """A rule whose CUDA default is a predicate of the device (the plain decode linear: on where its TMA kernel
-    runs): the device guard asks it with the tensors' device; off there, it says so unless named; the gated
-    rule's plain default does not ask."""
+@pytest.mark.parametrize("arch", ["9.0a", "8.0", None])
+def test_arch_aware_default(arch):
+    """A rule whose CUDA default is a predicate of the kernels' arch (the plain decode linear: on where its sm_90a
+    TMA kernel runs) is asked with the arch of the kernels that run its op; off there, the selection guard says
+    so; the gated rule's plain default does not depend on it."""
     from types import SimpleNamespace as NS
 
-    from fusion_backend import _ext, guards
+    from fusion_backend import guards
 
-    monkeypatch.setattr(_ext, "missing_cuda_kernel", lambda op, dev: None)
-    asked = []
-    monkeypatch.setattr(_ext, "has_tma_kernels", lambda dev: asked.append(dev) or tma)
-    dev = torch.device("cuda", 1)
-    x = NS(device=dev, dtype=torch.bfloat16, numel=lambda: 2048)
-    for pid, on in (("decode_gemm.linear", tma), ("decode_gemm.linear_2d", tma), ("decode_gemm.gate_up_silu", True)):
+    x = NS(device=torch.device("cuda", 1), dtype=torch.bfloat16, numel=lambda: 2048)
+    for pid, on in (("decode_gemm.linear", arch == "9.0a"), ("decode_gemm.linear_2d", arch == "9.0a"),
+                    ("decode_gemm.gate_up_silu", True)):
         p = table.by_id(pid)
-        assert p.on_by_default(torch.bfloat16, dev) == on
-        for forced in ((), (pid,)):
-            site = NS(tensor=lambda name: x, run=NS(options=NS(forced=forced, cpu_reference=False)))
-            reason = guards._device_guard(p).check(site)
-            assert (reason is None) == (on or bool(forced)), (pid, forced, reason)
-            assert reason is None or "off by default" in reason
-    assert asked and all(d == dev for d in asked)
+        assert p.on_by_default(torch.bfloat16, arch) == on
+        reason = guards._selection_guard(p).check(_cuda_site(x, arch))
+        assert (reason is None) == on, (pid, reason)
+        assert reason is None or "off by default" in reason
+    assert table.by_id("decode_gemm.linear").on_by_default(torch.bfloat16)  # stated for an H100/H200 build
+
+
+def test_guards_run_can_fire_first_then_policy():
+    """Every rule's guards: the can-fire ones (scalars, dtype, device, shapes) before the policy ones (its CUDA
+    selection, measured limits), so a site is explained by what it cannot do before what was chosen."""
+    from fusion_backend import guards
+
+    for p in table.all_patterns():
+        kinds = [g.policy for g in guards.all_guards(p)]
+        assert kinds == sorted(kinds), (p.id, [g.name for g in guards.all_guards(p)])
+        assert [g.name for g in guards.all_guards(p)][:3] == ["arguments", "dtype", "device"]
+        assert "selection" in [g.name for g in guards.all_guards(p) if g.policy]
+
+
+def test_a_named_rule_skips_its_policy_guards():
+    """decode_gemm.gate_up_silu stops at its measured row limit (a policy guard: the near miss says it chose not
+    to fire and how to name it); named, it fires there and still matches eager."""
+    p = table.by_id("decode_gemm.gate_up_silu_2d")
+    args = p.make_args((100, 16, 24), torch.float32, "cpu")
+    rep = explain(p.search_fn(), *args)
+    assert rep.sites[p.id] == 0, str(rep)
+    miss = [m for m in rep.near_misses if m.pattern == p.id]
+    assert miss and all(m.policy for m in miss) and "name it to fire anyway" in miss[0].reason, str(rep)
+    assert "chose not to fire" in str(rep)
+    rep = explain(p.search_fn(), *args, patterns=[p.id])
+    assert rep.sites[p.id] == 1, str(rep)
+    assert_same(rep.output, p.eager(*args))
+
+
+def test_opt_in_rules_report_no_shape_misses():
+    """A rule that is off by default (here elementwise.mul_add, q * k + v: at parity with Inductor) reports no
+    can-fire near misses at the sites it does not fit (a LayerNorm's x * w + b with a broadcast weight): they are
+    noise to a user; named, it does."""
+    x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    fn = lambda x, w, b: x * w + b  # noqa: E731
+    rep = explain(fn, x, w, b)
+    assert not [m for m in rep.near_misses if m.pattern == "elementwise.mul_add"], str(rep)
+    rep = explain(fn, x, w, b, patterns=["elementwise.mul_add"])
+    assert any(m.pattern == "elementwise.mul_add" and "same_shape" in m.reason and not m.policy
+               for m in rep.near_misses), str(rep)
 
 
 def test_matmul_output_cast_stored_by_the_kernel():
@@ -243,7 +294,7 @@ def test_matmul_output_cast_stored_by_the_kernel():
 
     p = table.by_id("batched_matmul.bmm_scale_bias_gelu")
     for dtype in (torch.float16, torch.bfloat16):
-        args = p.make_args(p.cases[-1], dtype, "cpu")
+        args = p.make_args(p.fixtures.cases[-1], dtype, "cpu")
         rep = explain(lambda *t: p.eager(*t).float(), *args)
         # The kernel stores the fp32 result either way: the cast absorbed after the match (output_casts;
         # torch 2.13, 2.14), or, where Inductor's pointless_convert has already dropped the 16-bit round trip
@@ -274,7 +325,7 @@ def test_matmul_output_cast_stored_by_the_kernel():
         # (where the 16-bit round trip of the GELU is gone, that rounding differs: the dtype's tolerance)
         tol = {} if absorbed else {"atol": atol, "rtol": rtol}
         torch.testing.assert_close(rep.output, p.eager(*args).float().softmax(-1), **tol)
-    args = p.make_args(p.cases[-1], torch.float32, "cpu")
+    args = p.make_args(p.fixtures.cases[-1], torch.float32, "cpu")
     with BM.fp32_matmul_precision("tf32"):  # (fp32 rules fire only where TF32 is allowed)
         rep = explain(lambda *t: p.eager(*t).float(), *args)
     assert rep.sites[p.id] == 1 and not rep.output_casts, str(rep)
@@ -319,7 +370,7 @@ def test_matmul_rules_take_torch_bmm(p):
         y = y * kw["scale"] if "scale" in kw else y
         return ACTS[p.static["act"]](y + kw["bias"] if "bias" in kw else y)
 
-    args = p.make_args(p.cases[-1], torch.float16, "cpu")
+    args = p.make_args(p.fixtures.cases[-1], torch.float16, "cpu")
     rep = explain(spelled_with_bmm, *args)
     assert rep.sites[p.id] == 1, str(rep)
     assert_same(rep.output, p.eager(*args))

@@ -1,0 +1,59 @@
+"""fusekit's options: the user's ``mode`` and ``options=`` dict, parsed once into one typed record. Every key that is
+not fusekit's is Inductor's and goes to it unchanged."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+KEYS = ("mode", "patterns", "disable", "cpu_reference", "verify", "report")  # fusekit's own keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    patterns: tuple[str, ...]          # enabled rule ids, in table order
+    forced: tuple[str, ...] = ()       # ids named in options["patterns"]: they skip the policy guards
+    cpu_reference: bool = False        # rules fire on CPU tensors too, running each op's reference
+    verify: bool = False               # each rewritten site checks itself against its reference once
+    report: bool = False               # explain reused intermediates and keep the graph's code
+    # Inductor settings the pass may set, per family, where one of the family's rules fired (the backend offers
+    # those of registry.InductorSettings that the device and the user's own options allow): (family, keys).
+    inductor: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+def _as_names(v: Any, key: str) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return (v,)
+    if isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in v):
+        return tuple(v)
+    raise TypeError(f"fusekit: options[{key!r}] must be a pattern id, a family or a list of them")
+
+
+def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options, dict[str, Any]]:
+    """-> (fusekit's Options, Inductor's config patches: the mode's, then every other key of `options`)."""
+    from torch._inductor import list_mode_options
+
+    from . import table
+
+    opts = dict(options or {})
+    opt_mode = opts.pop("mode", None)
+    if opt_mode is not None and mode is not None and opt_mode != mode:
+        raise ValueError(f"fusekit: mode={mode!r} and options['mode']={opt_mode!r} disagree")
+    mode = mode or opt_mode
+    patterns = opts.pop("patterns", None)
+    disable = opts.pop("disable", ())
+    named = None if patterns is None else _as_names(patterns, "patterns")
+    fk = Options(
+        patterns=table.select(named, _as_names(disable, "disable") if disable else ()),
+        forced=table.select(named) if named is not None else (),
+        cpu_reference=bool(opts.pop("cpu_reference", False)),
+        verify=bool(opts.pop("verify", False)),
+        report=bool(opts.pop("report", False)),
+    )
+    patches: dict[str, Any] = {}
+    if mode not in (None, "default"):
+        try:
+            patches.update(list_mode_options(mode))  # Inductor's own table and its error
+        except KeyError:
+            raise RuntimeError(f"Unrecognized mode={mode}") from None
+    patches.update(opts)  # everything else is Inductor's, unchanged
+    return fk, patches
