@@ -11,6 +11,11 @@ from fusion_backend import _ext, ops, registry, table
 from fusion_backend.patterns import batched_matmul as BM
 from fusion_backend.tools.cuda_graphs import capture_output
 
+
+def _on_here(p, dtype):
+    """Whether the rule fires unnamed on this machine's GPU, in `dtype` (its default with the kernels loaded here)."""
+    return p.on_by_default(dtype, _ext.kernel_arch(p.op, torch.device("cuda")) if torch.cuda.is_available() else None)
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -289,7 +294,7 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
     # decode rules fire on CUDA only at serving sizes (decode.enough_rows); their first GPU case is one
     case = p.fixtures.gpu_cases[0] if p.id.startswith("decode.") else p.fixtures.cases[-1]
     args = p.make_args(case, dtype, "cuda")
-    by_default = p.on_by_default(dtype, args[0].device) and args[0].numel() >= p.min_numel(dtype)  # small: name it
+    by_default = _on_here(p, dtype) and args[0].numel() >= p.min_numel(dtype)  # small: name it
     rep = fusion_backend.explain(p.search_fn(), *args, options=None if by_default else {"patterns": [p.id]})
     if p.op == "matmul_epilogue" and dtype == torch.float32 and not p.static["linear"] \
             and args[1].stride(-2) != 1:  # TF32 takes a K-major b only (batched_matmul.tf32_allowed)
@@ -301,7 +306,7 @@ def test_compiled_on_cuda_fires_and_matches(p, dtype):
 
 
 @pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns(flat=True) if c.values[0].min_numel(c.values[1])
-                                     and c.values[0].on_by_default(c.values[1])])
+                                     and _on_here(*c.values)])
 def test_size_threshold_on_cuda(p, dtype):
     """Below its measured size threshold a default-on rule leaves the graph to Inductor (a near miss says
     why) unless named; at the threshold it fires by default."""
@@ -326,12 +331,12 @@ def test_compiled_variants_on_cuda_fire(p, dtype):
 
     args = p.make_args(p.fixtures.cases[-1], dtype, "cuda")
     for v in p.variants:
-        rep = fusion_backend.explain(v, *args, options=None if p.on_by_default(dtype) else {"patterns": [p.id]})
+        rep = fusion_backend.explain(v, *args, options=None if _on_here(p, dtype) else {"patterns": [p.id]})
         assert rep.sites[p.id] == 1, str(rep)
         _check(p, args, rep.output)
 
 
-@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns() if not c.values[0].on_by_default(c.values[1])][:1])
+@pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns() if not _on_here(*c.values)][:1])
 def test_off_by_default_rules_do_not_fire_unless_named(p, dtype):
     import fusion_backend
 
