@@ -75,9 +75,9 @@ _FLUSH_BUF: list = []
 def clean_flushed(fn, warmup: float = 25, rep: float = 200) -> list[float]:
     """triton.testing.do_bench's loop (time budgets in ms, the L2 flushed before every timed call, events
     around the call alone; per-call times) with another flush. do_bench zeroes a 256 MB buffer, which leaves
-    the L2 full of dirty lines; their write-back then runs inside the timed call. On an H200
-    (results/h200_l2_flush.txt) that added 2.9 us to per-row INT8 at 20M fp16 (19.87 -> 16.93 us), 5.1 us to
-    exp((x+y)*2) and 2.2 us to the D2D copy of the same bytes, so % of copy read 1-4 points low, unevenly.
+    the L2 full of dirty lines; their write-back then runs inside the timed call. On an H200 that added 2.9 us
+    to per-row INT8 at 20M fp16 (19.87 -> 16.93 us), 5.1 us to exp((x+y)*2) and 2.2 us to the D2D copy of the
+    same bytes, so % of copy read 1-4 points low, unevenly.
     Reading the buffer evicts as well and leaves clean lines (zeroing first, then reading: the same times)."""
     if not _FLUSH_BUF:
         _FLUSH_BUF.extend([torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda"),
