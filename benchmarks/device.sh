@@ -83,7 +83,13 @@ if has tests; then
   run_step "GPU tests" "$OUT/pytest_gpu.log" \
     python3 -m pytest -q -p no:cacheprovider tests -m "gpu and not packaging"
   if [ -f "$OUT/pytest_gpu.log" ]; then
-    note "GPU tests: $(tail -1 "$OUT/pytest_gpu.log")"
+    if tail -1 "$OUT/pytest_gpu.log" | grep -qE "passed|failed|error|no tests ran"; then
+      note "GPU tests: $(tail -1 "$OUT/pytest_gpu.log")"
+    else  # cut before pytest's summary: count its progress characters
+      P=$(grep -E '^[.FEsxX]+( +\[ *[0-9]+%\])?$' "$OUT/pytest_gpu.log" | sed 's/ *\[.*//' | tr -d '\n')
+      note "GPU tests, cut: ${#P} run, $(tr -cd . <<< "$P" | wc -c) passed, $(tr -cd F <<< "$P" | wc -c) failed," \
+        "$(tr -cd E <<< "$P" | wc -c) errors, $(tr -cd s <<< "$P" | wc -c) skipped"
+    fi
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20 | tee -a "$SUMMARY"
   fi
 fi
