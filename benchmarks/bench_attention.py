@@ -1,12 +1,10 @@
-"""Attention chains, side by side in one run: eager (the reference: SDPA's math backend, or the written-out
-softmax chain), torch.compile (Inductor: the decomposed math chain), fusekit (the chain rewritten into
-fusekit::attention), and eager SDPA with PyTorch's default kernel choice for comparison. Generated from the
-attention table.
+"""Measures the attention rules (`attention.*`): each chain at BERT- and ViT-sized shapes, run by eager PyTorch (SDPA's
+math backend, or the written-out softmax chain), by Inductor (which decomposes it into fp32 math) and by fusekit (the
+chain rewritten into one fusekit::attention call), next to eager SDPA with PyTorch's default kernel choice; median ms
+of triton.testing.do_bench (L2 flushed before each run), TFLOP/s and the error against the reference. Needs a CUDA
+GPU. Writes attention.md, attention.json and attention.png (fusekit's speed-up over Inductor) under --out.
 
-    python benchmarks/bench_attention.py --out out/ [--shapes 16x12x256x64,32x12x197x64]
-
-Each figure is the median of triton.testing.do_bench runs (L2 flushed before each). Writes attention.md,
-attention.json and attention.png (speedup of fusekit over Inductor per pattern and shape).
+    python benchmarks/bench_attention.py --out out/ [--shapes 16x12x256x64,32x12x197x64] [--dtype float16]
 """
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 import fusion_backend
 from bench_patterns import compiled, gpu_output, save  # the shared harness
@@ -30,6 +27,8 @@ def sdpa_default(p, args):
 
 
 def run(shapes, dtype, out: pathlib.Path) -> list[dict]:
+    from triton.testing import do_bench  # here, so that --help works where triton is absent
+
     pats = [p for p in table.all_patterns() if p.id.startswith("attention.")]
     todo = [(p, s) for s in shapes for p in pats]
     rows, t0 = [], time.time()

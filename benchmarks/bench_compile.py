@@ -1,16 +1,14 @@
-"""Compile time: fusekit against Inductor on each `fusekit bench` model, prefill and decode graphs, with and
-without CUDA graphs, and fusekit's pass's own time and share of the compile.
+"""Measures what fusekit costs at compile time: the first call of each `fusekit bench` model compiled from scratch
+(FX-graph and AOTAutograd caches off, Dynamo reset) by Inductor and by fusekit, prefill and decode-step graphs,
+with and without CUDA graphs (--modes), and fusekit's own pass: its seconds, its share of the compile, and its
+match attempts per graph node. An untimed Inductor compile of the model comes first, so both sides find the same
+Triton kernels already built; with --rounds N the figure is the median of N first calls, Inductor and fusekit
+alternating. fusekit's traced rules come from its disk cache (filled by `python -m fusion_backend.build` or an
+earlier run); --cold-patterns empties it first, to time a first compile that traces them. Without a GPU (or
+--cpu): the tiny configurations on CPU with cpu_reference. Writes compile.md, compile.json and compile.png under
+--out.
 
-    python benchmarks/bench_compile.py [--models gpt2,llama] [--phases prefill,decode]
-                                       [--modes default,reduce-overhead] [--cpu] [--out DIR]
-                                       [--batches 1,32] [--rounds 3]
-
-Each row compiles the model from scratch (FX-graph and AOTAutograd caches off, Dynamo reset) and times the
-first call, Inductor first, then fusekit. One untimed Inductor compile of the model comes before, so both
-find the same Triton kernels already built (the issue's "kernel cache warm"). fusekit's traced patterns come
-from its disk cache where `python -m fusion_backend.build` (or an earlier run) filled it; `--cold-patterns`
-empties it first. Without a GPU: the tiny configurations on CPU with cpu_reference. Writes compile.md,
-compile.json and compile.png.
+    python benchmarks/bench_compile.py [--models gpt2,llama] [--phases prefill,decode] [--modes default,reduce-overhead]
 """
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""The decode_gemm rules side by side at the linears of the benchmark models' decode steps: eager (cuBLAS),
-Inductor, fusekit (compiled; the rule fires where its guards let it) and the op called directly (every row
-count), against the weight bytes at the copy bandwidth.
+"""Measures the decode-GEMM rules (`decode_gemm.*`) at the linears of the benchmark models' decode steps (q, k/v,
+q+k+v, o, gate+up with SiLU-mul, down, lm_head): eager (cuBLAS), Inductor, fusekit (compiled; the rule fires where
+its guards let it) and the op called directly, at 1-64 rows (batch x new tokens), against the weight bytes at the
+measured copy bandwidth. Every weight is read cold, as in a step whose weights do not fit in L2: each timed
+function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R calls, the per-call time
+is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take turns over --rounds
+rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
-    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,16,32,64] [--models llama,qwen2] [--linears q+k+v,k/v]
-
-Each weight is read cold, as in a step whose layers' weights do not fit in L2: every timed function runs
-over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R back-to-back calls, and the
-per-call time is a replay's time / R (median of --reps replays); eager, Inductor and fusekit take turns in
---rounds rounds. Writes decode_gemm.md, .json and .png (speedup over Inductor per linear and row count).
+    python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,32,64] [--models llama,qwen2] [--linears q+k+v,o]
 """
 from __future__ import annotations
 
@@ -149,7 +148,7 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out")
     ap.add_argument("--models", default="llama,qwen2")
     ap.add_argument("--rows", default="1,8,16,32,64")

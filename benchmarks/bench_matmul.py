@@ -1,22 +1,15 @@
-"""Matmul + epilogue rules, side by side in one run: eager vs torch.compile (Inductor default: cuBLAS + a
-pointwise kernel) vs fusekit (one CUTLASS GEMM with the epilogue in registers), plus the plain GEMMs
-(torch.bmm / cuBLAS vs fusekit::matmul_epilogue with no epilogue) and a large-matmul TFLOP/s ceiling
-measured in the same run. Generated from the batched_matmul table.
+"""Measures the matmul-epilogue rules (`batched_matmul.*`): each rule at a set of [L, M, K, N] shapes and linear
+layers, run by eager PyTorch, by Inductor (cuBLAS, then a pointwise kernel for the epilogue) and by fusekit (one
+CUTLASS GEMM with the epilogue in registers); beside them the plain GEMM (torch.bmm / cuBLAS against
+fusekit::matmul_epilogue with no epilogue) and a large-matmul TFLOP/s ceiling measured in the same run. Shapes are
+[L, M, K, N] (b is [L, K, N]); linear rows are [tokens, K -> N] with a weight [N, K]; float32 rows run with TF32
+allowed on all three sides (the fp32 rules fire only there); "cast" rows return the result as .float(). Each figure
+is the median over replays of a one-call CUDA graph after an L2 flush (--flush clean, default, or zero, as
+bench_patterns.py), Inductor and fusekit taking turns over 3 rounds. Generated from the batched_matmul table. Needs
+a CUDA GPU; fusekit's kernels exist on sm_90a (H100/H200) builds with the CUTLASS headers. Writes matmul.md,
+matmul.json and matmul.png under --out (--replot redraws the plot from a matmul.json, no GPU needed).
 
     python benchmarks/bench_matmul.py --out out/ [--dtypes float16,bfloat16] [--rules gelu,cast]
-
-float32 rows run with TF32 allowed (torch.backends.cuda.matmul.fp32_precision = "tf32") for all three
-sides: the fp32 rules fire only there. "cast" rows return the result as .float() (the output cast that
-fusekit stores from the epilogue).
-
-Shapes are [L, M, K, N] (b is [L, K, N]); linear rows are [tokens, K -> N] with a weight [N, K]. Each
-figure is the median of runs after an L2 flush over replays of a one-call CUDA graph, with the elementwise
-benchmark's timer: --flush clean (default; bench_patterns.clean_flushed: do_bench's loop, a flush that
-leaves the L2 clean) or --flush zero (triton.testing.do_bench, whose flush leaves dirty lines that are
-written back inside the timed call). Inductor and fusekit take turns over 3 rounds
-(bench_patterns.measure_rounds). Writes
-matmul.md, matmul.json and matmul.png (speedup over Inductor per rule and shape; plain-GEMM TFLOP/s vs
-cuBLAS).
 """
 from __future__ import annotations
 
@@ -33,7 +26,7 @@ from bench_patterns import compiled, gpu_output, measure, measure_rounds, save  
 from fusion_backend import table
 from fusion_backend.report import no_compile_caches
 
-# (rule, case, label): the issue's bmm·scale + bias -> GELU shapes, the MLP linears as the linear rules see
+# (rule, case, label): the headline bmm·scale + bias -> GELU shapes, the MLP linears as the linear rules see
 # them, then every other rule at one attention-style or MLP shape (the measured selection covers each rule)
 HEADLINE = "batched_matmul.bmm_scale_bias_gelu"
 CASES = [(HEADLINE, c, "x".join(map(str, c))) for c in

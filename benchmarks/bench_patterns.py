@@ -1,19 +1,14 @@
-"""Every pattern with a CUDA kernel, side by side in one run: eager vs torch.compile (Inductor) vs fusekit,
-with a device-to-device copy of the same byte count as the bandwidth ceiling. Generated from the tables.
+"""Measures every elementwise and quantize rule that has a CUDA kernel, in each of its dtypes, at five sizes (100K to
+50M elements): eager PyTorch, Inductor (torch.compile) and fusekit, with a device-to-device copy of the same bytes
+as the bandwidth ceiling; ms (median and spread over --rounds rounds in which copy, Inductor and fusekit take
+turns), GB/s, % of the copy bandwidth and speed-ups. Sizes that fit in half the L2 are timed hot, as replays of a
+CUDA graph of back-to-back calls (GPU time, not launch overhead); larger ones over replays of a one-call CUDA graph
+after an L2 flush before every run (--flush clean: a flush that leaves the L2 clean, the default; --flush zero:
+triton.testing.do_bench's own, whose dirty lines are written back inside the next timed call). Generated from
+the rule tables; the CUDA defaults of these rules (`cuda_default`, `cuda_min_numel` in patterns/) come from its
+figures. Needs a CUDA GPU. Writes bench.md, bench.json and bench.png under --out.
 
-    python benchmarks/bench_patterns.py --out out/ [--dtypes float16,bfloat16] [--patterns quantize]
-
-Per size: ms (median ± std), GB/s (bytes read + written / time), % of copy bandwidth, and speedups. Inductor
-and fusekit take turns over --rounds rounds (default 3); their figure is the median of the round medians and
-their ± the spread across rounds, so a drift of clocks or a busy host reaches both sides of the ratio. Sizes
-that fit in half the L2 are timed hot (the user's kernel-fusion project's "L2 Cache" rows), as replays of a
-CUDA graph of back-to-back calls, so the GPU time is measured rather than the host's launch overhead;
-larger ones after an L2 flush before every run, over replays of a one-call CUDA graph (a compiled call's
-host work could otherwise outlast the flush and be timed); the copy there is timed as called, and takes its
-turn in the rounds with Inductor and fusekit. --flush clean (default): do_bench's loop with a flush that
-leaves the L2 clean (see clean_flushed); --flush zero: triton.testing.do_bench itself, whose flush leaves
-256 MB of dirty zeros to be written back inside the next timed call. Writes bench.md, bench.json and
-bench.png (speedup over Inductor and % of copy bandwidth per pattern).
+    python benchmarks/bench_patterns.py --out out/ [--dtypes float16,bfloat16] [--patterns quantize] [--sizes N,...]
 """
 from __future__ import annotations
 
@@ -48,7 +43,7 @@ def copy_bytes(moved: int) -> int:
     """The size of the device-to-device copy that stands for `moved` bytes (read + write): half of it, rounded
     down to 4 KiB (% of copy compares GB/s, so the few bytes less do not count). cudaMemcpy is slower for
     some other sizes: with the per-row scales of dyn_quant_* and quant_i8_per_row, a 30,014,528-byte copy took
-    0.0222 ms against 0.0192 ms for 30,011,392 bytes (H200, session 10; results/h200_copy_sizes.txt), which
+    0.0222 ms against 0.0192 ms for 30,011,392 bytes (H200; results/h200_copy_sizes.txt), which
     inflated those rows' % of copy."""
     return max(4096, moved // 2 // 4096 * 4096)
 
@@ -80,9 +75,9 @@ _FLUSH_BUF: list = []
 def clean_flushed(fn, warmup: float = 25, rep: float = 200) -> list[float]:
     """triton.testing.do_bench's loop (time budgets in ms, the L2 flushed before every timed call, events
     around the call alone; per-call times) with another flush. do_bench zeroes a 256 MB buffer, which leaves
-    the L2 full of dirty lines; their write-back then runs inside the timed call. On an H200 (session 13,
-    benchmarks/NOTES.md) that added 2.9 us to per-row INT8 at 20M fp16 (19.87 -> 16.93 us), 5.1 us to
-    exp((x+y)*2) and 2.2 us to the D2D copy of the same bytes, so % of copy read 1-4 points low, unevenly.
+    the L2 full of dirty lines; their write-back then runs inside the timed call. On an H200 that added 2.9 us
+    to per-row INT8 at 20M fp16 (19.87 -> 16.93 us), 5.1 us to exp((x+y)*2) and 2.2 us to the D2D copy of the
+    same bytes, so % of copy read 1-4 points low, unevenly.
     Reading the buffer evicts as well and leaves clean lines (zeroing first, then reading: the same times)."""
     if not _FLUSH_BUF:
         _FLUSH_BUF.extend([torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda"),
@@ -204,7 +199,7 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3, flush: str 
                "where": "L2" if hot else "HBM", "fused": fused, "default": p.on_by_default(dt),
                "fires_by_default": p.on_by_default(dt) and numel >= p.min_numel(dt)}
         # The copy at HBM sizes is timed as called: in a CUDA graph, a device-to-device copy becomes a memcpy
-        # node that ran at 60-75% of the called copy's speed at some sizes (session 9), which would inflate
+        # node that ran at 60-75% of the called copy's speed at some sizes, which would inflate
         # every kernel's % of copy. Its launch (a few us) never outlasts the L2 flush. It takes its turn in
         # the rounds: measured once per row, it varied by 5% between runs (0.0189 vs 0.0198 ms at 20M).
         res["eager"], res["eager_std"] = measure(lambda: p.eager(*args), hot, flush=flush)
@@ -229,7 +224,7 @@ def run(patterns, dtypes, sizes, out: pathlib.Path, rounds: int = 3, flush: str 
 
 
 def headline_dyn_quant(flush: str = "clean") -> dict:
-    """Dynamic per-token INT8 on [16384, 4096] fp16, the issue's target shape."""
+    """Dynamic per-token INT8 on [16384, 4096] fp16, the headline shape."""
     p = table.by_id("quantize.dyn_quant_i8")
     args = p.make_args((16384, 4096), torch.float16, "cuda")
     ind, fk = compiled(p, "inductor"), compiled(p, "fusekit")

@@ -1,9 +1,11 @@
-"""A prompt against a static KV cache (issue #23, part 2): the forward of `--prompt` tokens per sequence
-written into a StaticCache of `--slots` slots, eager / Inductor / fusekit, each compiled step replayed as a
-CUDA graph; ms, the median of interleaved rounds, the fusekit sites, and the logits' distance to Inductor's.
-Writes prefill_cache.md / .json / .png under --out.
+"""Measures the `prefill.*` rules in the models: the forward of a prompt (`--prompt` tokens per sequence) written into
+a transformers StaticCache of `--slots` slots, as chunked prefill or the first forward of a generation loop runs
+it, under eager, Inductor and fusekit, each compiled forward replayed as a CUDA graph; ms per forward (the median
+of --rounds interleaved rounds of triton.testing.do_bench medians), fusekit's sites, and the logits' distance to
+Inductor's. Needs a CUDA GPU. Writes prefill_cache.md, .json and .png under --out.
 
-python benchmarks/bench_prefill_cache.py [--models llama,qwen2] [--batches 1,4] [--prompt 512] [--slots 4096]"""
+    python benchmarks/bench_prefill_cache.py [--models llama,qwen2] [--batches 1,4] [--prompt 512] [--slots 4096]
+"""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +14,6 @@ import pathlib
 import statistics
 
 import torch
-from triton.testing import do_bench
 
 from fusion_backend import stats
 from fusion_backend.backend import backend as fusekit_backend
@@ -22,6 +23,8 @@ from fusion_backend.tools.decode_bench import Prompt
 
 
 def run(name: str, batch: int, length: int, slots: int, rounds: int) -> dict:
+    from triton.testing import do_bench  # here, so that --help works where triton is absent
+
     p = Prompt(name, "cuda", batch, length, slots)
     fns, sites, logits = {}, {}, {}
     with torch.no_grad():

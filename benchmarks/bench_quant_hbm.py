@@ -1,10 +1,11 @@
-"""The quantize kernels at the two HBM sizes of bench_patterns (20M and 50M elements, rows of 4096), called
-directly (no compiled graph around them, so no host overhead in the figure), against Inductor's kernels for
-the same reference and a device-to-device copy of the same bytes. Three interleaved rounds; each figure is
-the median of the three do_bench medians (L2 flushed), which steadies the run-to-run noise that single
-passes of bench_patterns show at these sizes.
+"""Measures the quantize kernels at the two HBM sizes of bench_patterns.py (20M and 50M elements, rows of 4096),
+called directly (no compiled graph around them, so no host overhead in the figure), against Inductor's kernels for
+the same reference and a device-to-device copy of the same bytes: the median of --rounds interleaved rounds of
+triton.testing.do_bench medians (L2 flushed), which steadies the run-to-run noise a single pass of bench_patterns.py
+shows at these sizes; the CUDA defaults of the per-channel INT8 rules rest on it. Needs a CUDA GPU. Prints the
+table and writes quant_hbm.md under --out.
 
-    python benchmarks/bench_quant_hbm.py [--out out/]      # prints the table; writes quant_hbm.md
+    python benchmarks/bench_quant_hbm.py [--out out/] [--rounds 3] [--patterns dyn_quant_i8,quant_i8_per_row]
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ COLS = 4096
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--patterns", default=",".join(i.split(".")[1] for i in IDS), help="comma-separated names")

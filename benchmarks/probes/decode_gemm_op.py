@@ -1,6 +1,7 @@
 """The decode_gemm ops alone (no compile) against eager cuBLAS, cold weights, at the benchmark models' q/k/v,
-k/v, o and down linears: us per call, % of the weight bytes at the copy bandwidth. For A/Bs of the kernel
-(benchmarks/device_ab.sh, whose trees are not installed: it links fusion_backend/patterns for bench_decode_gemm).
+k/v, o and down linears: us per call, % of the weight bytes at the copy bandwidth, one op column per kernel
+variant (FUSEKIT_DECODE_GEMM, read at each launch): a kernel developer's A/B, where bench_decode_gemm.py times the
+rules as they are. Needs a CUDA GPU.
 
 python benchmarks/probes/decode_gemm_op.py [--rows 1,8,16,24,32] [--linears q+k+v,k/v,o,down]
     [--variants old,splitk,splitk:4]  (FUSEKIT_DECODE_GEMM for each op column: the kernel and its K splits)"""
@@ -18,7 +19,7 @@ from bench_decode_gemm import MB, copy_bandwidth, graph_time, linears, reference
 from fusion_backend import _ext  # noqa: E402
 from fusion_backend.tools.models import MODELS  # noqa: E402
 
-ap = argparse.ArgumentParser()
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--rows", default="1,8,16,24,32")
 ap.add_argument("--linears", default="q+k+v,k/v,o,down")
 ap.add_argument("--models", default="llama,qwen2")

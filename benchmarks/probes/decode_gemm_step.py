@@ -1,4 +1,4 @@
-"""The decode GEMM selection in a decode step (issue #23): the Llama-style step replayed as a CUDA graph, Inductor,
+"""The decode GEMM selection in a decode step: the Llama-style step replayed as a CUDA graph, Inductor,
 fusekit with the previous selection (the plain-linear rule off, gate/up up to 8 rows, decode_linear_kernel:
 FUSEKIT_DECODE_GEMM=old, read at each launch) and fusekit as it is now (the TMA kernel on sm_90a: every decode
 linear up to 64 rows), plus each variant given (a FUSEKIT_DECODE_GEMM value, or VAR=value for another of
@@ -37,7 +37,7 @@ def previous_rules():
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama")
     ap.add_argument("--batches", default="32,8")
     ap.add_argument("--position", type=int, default=1024)

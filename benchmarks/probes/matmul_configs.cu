@@ -140,7 +140,7 @@ static Variant kVariants[] = {
     {"lc pp128x128x64_c21", &run<GemmP<H, RM, Shape<_128, _128, _64>, C21, PP, EPP, EA, true>>},
 #elif FK_PROBE_SET == 8  // session 15: N = 64 with bias + GELU: one 128x64 epilogue step; fp16, bf16. At 58f90ed this set
     // also had the bias loaded into shared memory once per CTA instead of once per tile (a FusionCallbacks
-    // whose Sm90RowBroadcast skips the reload): no faster (benchmarks/NOTES.md, session 15), not kept.
+    // whose Sm90RowBroadcast skips the reload): no faster, not kept (benchmarks/TRIED.md).
     {"prod co128x64x64_void", &run<GemmP<H, RM, Shape<_128, _64, _64>, C1, CO, ECO, EA, false>>},
     {"co128x64x64_void_et128x64", &run<GemmP<H, RM, Shape<_128, _64, _64>, C1, CO, ECO, Shape<_128, _64>, false>>},
     {"bf16 prod co128x64x64_void", &run<GemmP<B, RM, Shape<_128, _64, _64>, C1, CO, ECO, EA, false>>},

@@ -8,11 +8,16 @@ do_bench; FK_SHAPES="L,M,K,N;...": other shapes; FK_GRAPH=1: time one-call CUDA-
 FK_ACTS=0: the plain GEMM only; FK_CHECK_ONLY=1: the error checks alone (under compute-sanitizer). Variants
 named "kmaj ..." take b K-major ([L, N, K] contiguous, as a linear's weight), next to a cuBLAS row on the same
 layout."""
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # before torch/triton: usage is the docstring
+    print(__doc__)
+    sys.exit(0)
+
 import ctypes
 import os
 import pathlib
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# benchmarks/device.sh: one call on a GPU machine, run from a copy of the repository (no network needed).
+#
+#   bash benchmarks/device.sh [PHASE ...]          # default: install tests bench
+#   PHASES="install tests bench compile" bash benchmarks/device.sh
+#   bash benchmarks/device.sh --help
+#
+# Phases (run in this order, whichever are named):
+#   install    pip-install the carried wheels in .whl/ if there are any (the CUTLASS headers travel as
+#              .whl/nvidia_cutlass-*.whl), then fusekit itself (editable, no deps, no build isolation);
+#              restore a carried kernel/pattern cache (.fkc/fkc.tgz) into $FUSEKIT_CACHE; then
+#              `python3 -m fusion_backend.build` (kernels for this GPU + traced rules), timed.
+#   tests      the GPU test suite: pytest tests -m "gpu and not packaging" (log: $OUT/pytest_gpu.log)
+#   bench      fusekit bench --phase decode --models llama --batches 1,32 --positions 1024 --no-generate
+#              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/)
+#   e2e        fusekit bench --phase prefill (whole models; $OUT/e2e/)
+#   patterns   benchmarks/bench_patterns.py      ($OUT/patterns/; PATTERNS_ARGS adds arguments)
+#   attention  benchmarks/bench_attention.py     ($OUT/attention/)
+#   matmul     benchmarks/bench_matmul.py        ($OUT/matmul/)
+#   decode_gemm benchmarks/bench_decode_gemm.py  ($OUT/decode_gemm/)
+#   quant      benchmarks/bench_quant_hbm.py     ($OUT/quant_hbm/)
+#   prefill    benchmarks/bench_prefill_cache.py ($OUT/prefill_cache/)
+#   compile    benchmarks/bench_compile.py --models llama --phases decode --modes reduce-overhead
+#              --batches 32,1 --rounds 3 (COMPILE_ARGS replaces the arguments; $OUT/compile/)
+#
+# Environment: PHASES (when no phase is given as an argument), OUT (default /tmp/fusekit_out; every log and
+# result goes there), FUSEKIT_CACHE (default /tmp/fkc), DEADLINE (seconds from the start, default 570: every
+# step runs under `timeout` against it, so the summary always prints within a 600 s call), MAX_JOBS (kernel
+# build jobs, default 16). Expects python3 with torch, triton and transformers installed. Without the install
+# phase, fusekit must already be installed (an earlier call on the same machine).
+# At the end the kernel/pattern cache is packed into $OUT/fkc.tgz (no object files, ninja files or locks):
+# carry it back as .fkc/fkc.tgz and the next call's install skips the build. The summary (GPU, versions,
+# build time, test result, the decode table) is printed last.
+set -uo pipefail
+
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+
+T0=$(date +%s)
+OUT=${OUT:-/tmp/fusekit_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} FUSEKIT_CACHE=${FUSEKIT_CACHE:-/tmp/fkc}
+PHASES=${*:-${PHASES:-install tests bench}}
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+left() { echo $(( ${DEADLINE:-570} - ($(date +%s) - T0) )); }
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+# run_step NAME LOG CMD...: CMD under timeout against the deadline (skipped with under 20 s left)
+run_step() {
+  local name=$1 log=$2 t rc; shift 2
+  t=$(left)
+  if [ "$t" -lt 20 ]; then note "$name: skipped ($t s left before DEADLINE)"; return 124; fi
+  local s=$(date +%s)
+  timeout "$t" "$@" > "$log" 2>&1; rc=$?
+  note "$name: exit $rc after $(( $(date +%s) - s )) s$([ $rc = 124 ] && echo ' (cut by DEADLINE)') (log: $log)"
+  return $rc
+}
+
+python3 -c "import torch, triton, transformers; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device', '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)" \
+  > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+if has install; then
+  if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1; then
+    run_step "carried wheels ($(ls .whl/*.whl | xargs -n1 basename | tr '\n' ' '))" "$OUT/install_wheels.log" \
+      python3 -m pip install -q --no-deps .whl/*.whl
+  fi
+  if [ -f .fkc/fkc.tgz ]; then
+    mkdir -p "$FUSEKIT_CACHE" && tar xzf .fkc/fkc.tgz -C "$FUSEKIT_CACHE" && note "cache restored from .fkc/fkc.tgz into $FUSEKIT_CACHE"
+  fi
+  # FUSEKIT_BUILD_EXT=0: the install stays pure Python, so that the build below is timed on its own
+  FUSEKIT_BUILD_EXT=0 run_step "pip install -e ." "$OUT/install.log" \
+    python3 -m pip install -q --no-deps --no-build-isolation -e . || { tail -30 "$OUT/install.log"; }
+  run_step "python3 -m fusion_backend.build (kernels + traced rules)" "$OUT/build.log" python3 -m fusion_backend.build
+  [ -f "$OUT/build.log" ] && grep -E "^fusekit: " "$OUT/build.log" | tee -a "$SUMMARY"
+fi
+
+if has tests; then
+  run_step "GPU tests" "$OUT/pytest_gpu.log" \
+    python3 -m pytest -q -p no:cacheprovider tests -m "gpu and not packaging"
+  if [ -f "$OUT/pytest_gpu.log" ]; then
+    if tail -1 "$OUT/pytest_gpu.log" | grep -qE "passed|failed|error|no tests ran"; then
+      note "GPU tests: $(tail -1 "$OUT/pytest_gpu.log")"
+    else  # cut before pytest's summary: count its progress characters
+      P=$(grep -E '^[.FEsxX]+( +\[ *[0-9]+%\])?$' "$OUT/pytest_gpu.log" | sed 's/ *\[.*//' | tr -d '\n')
+      note "GPU tests, cut: ${#P} run, $(tr -cd . <<< "$P" | wc -c) passed, $(tr -cd F <<< "$P" | wc -c) failed," \
+        "$(tr -cd E <<< "$P" | wc -c) errors, $(tr -cd s <<< "$P" | wc -c) skipped"
+    fi
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20 | tee -a "$SUMMARY"
+  fi
+fi
+
+# the fusekit command, or the same entry point where pip put the script off PATH
+FUSEKIT=(fusekit); command -v fusekit > /dev/null || FUSEKIT=(python3 -m fusion_backend.tools.cli)
+if has bench; then
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  run_step "fusekit bench --phase decode" "$OUT/decode.log" \
+    "${FUSEKIT[@]}" bench --phase decode ${BENCH_ARGS:---models llama --batches 1,32 --positions 1024 --no-generate} --out "$OUT/decode"
+fi
+if has e2e; then
+  run_step "fusekit bench --phase prefill" "$OUT/e2e.log" "${FUSEKIT[@]}" bench --phase prefill --out "$OUT/e2e"
+fi
+# shellcheck disable=SC2086
+if has patterns; then
+  run_step "bench_patterns.py" "$OUT/patterns.log" python3 benchmarks/bench_patterns.py --out "$OUT/patterns" ${PATTERNS_ARGS:-}
+fi
+if has attention; then
+  run_step "bench_attention.py" "$OUT/attention.log" python3 benchmarks/bench_attention.py --out "$OUT/attention"
+fi
+if has matmul; then
+  run_step "bench_matmul.py" "$OUT/matmul.log" python3 benchmarks/bench_matmul.py --out "$OUT/matmul"
+fi
+if has decode_gemm; then
+  run_step "bench_decode_gemm.py" "$OUT/decode_gemm.log" python3 benchmarks/bench_decode_gemm.py --out "$OUT/decode_gemm"
+fi
+if has quant; then
+  run_step "bench_quant_hbm.py" "$OUT/quant_hbm.log" python3 benchmarks/bench_quant_hbm.py --out "$OUT/quant_hbm"
+fi
+if has prefill; then
+  run_step "bench_prefill_cache.py" "$OUT/prefill_cache.log" python3 benchmarks/bench_prefill_cache.py --out "$OUT/prefill_cache"
+fi
+# shellcheck disable=SC2086
+if has compile; then
+  run_step "bench_compile.py" "$OUT/compile.log" python3 benchmarks/bench_compile.py \
+    ${COMPILE_ARGS:---models llama --phases decode --modes reduce-overhead --batches 32,1 --rounds 3} --out "$OUT/compile"
+fi
+
+if [ -d "$FUSEKIT_CACHE" ]; then
+  (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .) \
+    && note "kernel/pattern cache packed: $OUT/fkc.tgz ($(du -h "$OUT/fkc.tgz" | cut -f1); carry it as .fkc/fkc.tgz)"
+fi
+
+echo
+echo "== summary ($(( $(date +%s) - T0 )) s; phases: $PHASES) =="
+cat "$OUT/gpu.txt"
+cat "$SUMMARY"
+for f in "$OUT/decode/decode.md" "$OUT/compile/compile.md"; do
+  [ -f "$f" ] && { echo "-- $f"; grep "^|" "$f" | head -14; }
+done
+exit 0
