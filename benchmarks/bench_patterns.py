@@ -296,7 +296,7 @@ def main() -> None:
     out, device = gpu_output("bench_patterns", a.out)
     ids = table.select(a.patterns.split(",") if a.patterns else None)
     pats = [table.by_id(i) for i in ids if not _ext.missing_cuda_kernel(table.by_id(i).op, torch.device("cuda"))
-            and table.by_id(i).gpu_cases is None]  # shaped ops (attention) have their own benchmark
+            and table.by_id(i).fixtures.gpu_cases is None]  # shaped ops (attention) have their own benchmark
     dtypes = {getattr(torch, d) for d in a.dtypes.split(",")}
     print(f"{device}: {len(pats)} patterns", flush=True)
     rows = run(pats, dtypes, [int(s) for s in a.sizes.split(",")], out, a.rounds, a.flush)
