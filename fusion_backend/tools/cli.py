@@ -19,6 +19,18 @@ def _dtype(s: str | None) -> torch.dtype | None:
     return getattr(torch, s) if s else None
 
 
+BENCH_DESCRIPTION = """\
+On a GPU: the end-to-end benchmark of the real models, prefill (eager / Inductor / fusekit / fusekit with CUDA
+graphs) and decode steps against a StaticCache (and generate), timed against Inductor.
+
+Without a GPU (or with --cpu): a flow check, not a benchmark. Tiny configurations of the same models are
+compiled with fusekit and options={"cpu_reference": True}, where each fused op runs its Python reference
+implementation (not meant to be fast). Per model and phase it reports the fusekit sites that fire, errors, near
+misses and the output (decode: the logits) against eager; nothing is timed. About 1-2 minutes on 2 cores.
+
+Writes bench.md, bench.json, bench.png (prefill) and decode.md, decode.json, decode.png (decode) into --out."""
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import e2e, models
 
@@ -28,16 +40,27 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if bad:
         print(f"unknown model/mode {bad}; models: {list(models.MODELS)}, modes: {list(e2e.MODES)}", file=sys.stderr)
         return 2
-    if a.phase in ("prefill", "both"):
-        grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
-        e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq,
-                  grad_modes)
-    if a.phase in ("decode", "both"):
+    ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
+    grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
+    phases = ("prefill", "decode") if a.phase == "both" else (a.phase,)
+    if a.cpu or not torch.cuda.is_available():
+        # no GPU: a flow check with the reference implementations (flow.py), nothing timed
+        from . import flow
+
+        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache") if getattr(a, k)]
+        if ignored:
+            print(f"note: {', '.join(ignored)} only apply on a GPU; the CPU flow check runs eager and fusekit",
+                  file=sys.stderr)
+        flow.bench(names, pathlib.Path(a.out), phases, _dtype(a.dtype), a.batch, a.seq, grad_modes, ints(a.batches),
+                   ints(a.positions), a.generate, log=lambda s: print(s, flush=True))
+        return 0
+    if "prefill" in phases:
+        e2e.bench(names, modes, pathlib.Path(a.out), None, _dtype(a.dtype), a.batch, a.seq, grad_modes)
+    if "decode" in phases:
         from . import decode_bench
 
-        ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
         gen_caches = tuple(None if x == "auto" else int(x) for x in a.gen_cache.split(",")) if a.gen_cache else None
-        decode_bench.bench(names, pathlib.Path(a.out), "cpu" if a.cpu else None, ints(a.batches), ints(a.positions),
+        decode_bench.bench(names, pathlib.Path(a.out), None, ints(a.batches), ints(a.positions),
                            generate=a.generate, gen_caches=gen_caches)
     return 0
 
@@ -115,30 +138,37 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fusekit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("bench", help="end-to-end transformer benchmark: eager / Inductor / fusekit")
+    b = sub.add_parser("bench", help="end-to-end transformer benchmark on a GPU (eager / Inductor / fusekit); "
+                       "without one, a flow check on CPU (nothing timed)", description=BENCH_DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--models", default=None, help="comma-separated (default: all)")
-    b.add_argument("--modes", default=None, help="comma-separated of eager,inductor,fusekit,fusekit-ro")
+    b.add_argument("--modes", default=None, help="GPU: comma-separated of eager,inductor,fusekit,fusekit-ro "
+                   "(default: all); the CPU flow check runs eager and fusekit")
     b.add_argument("--batch", type=int, default=None)
     b.add_argument("--seq", type=int, default=None)
-    b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model)")
-    b.add_argument("--cpu", action="store_true", help="tiny configurations on CPU even with a GPU")
+    b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model on a GPU, float32 on CPU)")
+    b.add_argument("--cpu", action="store_true", help="the CPU flow check (tiny configurations, reference "
+                   "implementations, nothing timed) even with a GPU")
     b.add_argument("--grad-mode", default="inference", choices=("inference", "no_grad", "both"),
                    help="prefill: torch.inference_mode() (serving code's usual mode), no_grad, or both")
     b.add_argument("--phase", default="both", choices=("prefill", "decode", "both"),
                    help="prefill (whole prompts), decode (one step against a StaticCache, and generate), or both")
-    b.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (GPU default 1,8,32,64)")
+    b.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (GPU default 1,8,32,64; "
+                   "CPU 2)")
     b.add_argument("--positions", default=None, help="decode: comma-separated cache positions (GPU default "
-                   "128,1024,2048,4000 of 4096 slots)")
+                   "128,1024,2048,4000 of 4096 slots; CPU 8,40 of 64)")
     b.add_argument("--generate", action=argparse.BooleanOptionalAction, default=None,
-                   help="decode: also time model.generate (default: on a GPU)")
-    b.add_argument("--gen-cache", default=None, help="decode: comma-separated static cache sizes for generate; "
-                   "auto = prompt + new, transformers' own (GPU default auto,4096)")
-    b.add_argument("--out", default="fusekit_bench")
+                   help="decode: also run model.generate, timed on a GPU (default there), its tokens checked against "
+                   "eager's on CPU (default: off there)")
+    b.add_argument("--gen-cache", default=None, help="decode, GPU: comma-separated static cache sizes for generate; "
+                   "auto = prompt + new, transformers' own (default auto,4096)")
+    b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
+                   "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)
     p = sub.add_parser("profile", help="torch.profiler report of one model under eager, Inductor, fusekit")
     p.add_argument("--model", default="bert")
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--out", default="fusekit_profile")
+    p.add_argument("--out", default="fusekit_profile", help="default: fusekit_profile")
     p.set_defaults(fn=cmd_profile)
     e = sub.add_parser("explain", help="fusekit's match report for a named model")
     e.add_argument("--model", default="gpt2")
