@@ -40,6 +40,65 @@ def test_doctor_lists_every_pattern_per_dtype(capsys):
         assert p.id in out
 
 
+def _doctor_rows(out):
+    """{pattern id: [float32, float16, bfloat16, int8 cells]} from doctor's table."""
+    ids = {p.id for p in table.all_patterns()}
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if parts and parts[0] in ids:
+            cells = parts[1].replace("on (sm_90a)", "on(sm_90a)").split()
+            rows[parts[0]] = [c.replace("on(sm_90a)", "on (sm_90a)") for c in cells]
+    return rows
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU view")
+def test_doctor_without_gpu_shows_the_sm90_policy(capsys):
+    """No GPU: one line says so, and the table shows what fires by default on an sm_90 GPU per dtype (the rules'
+    measured policy), not `cpu-ref` on every row; one line says every rule runs on CPU as a reference."""
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: none" in out and "sm_90" in out
+    assert "cpu-ref" not in out
+    assert "options={'cpu_reference': True}" in out
+    rows = _doctor_rows(out)
+    assert set(rows) == {p.id for p in table.all_patterns()}
+    assert all(len(cells) == 4 for cells in rows.values()), rows
+    assert rows["decode.gqa"] == ["no-kernel", "on", "on", "-"]          # no float32 kernel; GQA on by default
+    assert rows["decode.mha"] == ["no-kernel", "opt-in", "opt-in", "-"]  # measured slower near a full cache
+    assert rows["decode_gemm.linear"][1:3] == ["on (sm_90a)", "on (sm_90a)"]  # tma_default: the TMA kernel's
+    assert rows["elementwise.gelu_tanh"][:3] == ["opt-in", "on*", "on*"]  # 16-bit only, from a size up
+    assert rows["batched_matmul.linear_bias_residual"][:3] == ["opt-in"] * 3
+    assert rows["quantize.dequant_i8_float16"] == ["-", "-", "-", "opt-in"]
+    assert "fusekit::decode_attention has no CUDA kernel for float32" in out  # the reason for no-kernel
+
+
+def test_doctor_on_a_gpu_shows_what_fires_there(monkeypatch, capsys):
+    """On a GPU (faked here: an sm_90 device whose build lacks the CUTLASS matmul kernel): per rule and dtype on /
+    opt-in / no-kernel (with the reason) / -, from the pass's own checks."""
+    from fusion_backend import _ext
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake H100")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: type("P", (), {"multi_processor_count": 132}))
+    monkeypatch.setattr(_ext, "device_arch", lambda *a: "9.0a")
+    monkeypatch.setattr(_ext, "load_for_device", lambda: _ext.Status(True, "loaded", "/fake/fusekit_cuda.so", "9.0a"))
+    cutlass = "fusekit::matmul_epilogue has no CUDA kernel here: batched_matmul/matmul_epilogue.cu needs the CUTLASS headers"
+    monkeypatch.setattr(_ext, "missing_cuda_kernel", lambda op, dev: cutlass if op == "matmul_epilogue" else None)
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "what fires on this GPU (Fake H100, sm_90a)" in out and "cpu-ref" not in out
+    rows = _doctor_rows(out)
+    assert set(rows) == {p.id for p in table.all_patterns()}
+    assert rows["decode.gqa"] == ["no-kernel", "on", "on", "-"]
+    assert rows["decode.mha"] == ["no-kernel", "opt-in", "opt-in", "-"]
+    assert rows["decode_gemm.linear"][1:3] == ["on", "on"]  # the TMA kernel is there (sm_90a, loaded)
+    assert rows["batched_matmul.mm_bias_gelu"][:3] == ["no-kernel"] * 3
+    assert "batched_matmul.* (" in out and cutlass in out  # the reason, once for the family
+
+
 def test_explain_named_model(capsys):
     assert cli.main(["explain", "--model", "llama", "--cpu"]) == 0
     out = capsys.readouterr().out
