@@ -26,7 +26,8 @@ graphs) and decode steps against a StaticCache (and generate), timed against Ind
 Without a GPU (or with --cpu): a flow check, not a benchmark. Tiny configurations of the same models are
 compiled with fusekit and options={"cpu_reference": True}, where each fused op runs its Python reference
 implementation (not meant to be fast). Per model and phase it reports the fusekit sites that fire, errors, near
-misses and the output (decode: the logits) against eager; nothing is timed. About 1-2 minutes on 2 cores.
+misses and the output (decode: the logits) against eager; nothing is timed. The default run takes about 1.5
+minutes of CPU time (2 the first time, which traces fusekit's patterns), on one core: more on a busy machine.
 
 Writes bench.md, bench.json, bench.png (prefill) and decode.md, decode.json, decode.png (decode) into --out."""
 
