@@ -275,7 +275,8 @@ def _misses_section(rows: list[tuple[str, dict]]) -> list[str]:
         if groups:
             lines.append(f"- {label}: " + "; ".join(f"`{g['pattern']}` x{g['count']}: {g['example'].split(': ', 1)[1]}"
                                                     for g in groups[:3])
-                         + (f"; {len(groups) - 3} more kinds" if len(groups) > 3 else ""))
+                         + (f"; {len(groups) - 3} more kind{'s' if len(groups) > 4 else ''}" if len(groups) > 3
+                            else ""))
     return lines if len(lines) > 3 else []
 
 
