@@ -7,7 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import CPU  # noqa: E402
 import fusion_backend  # noqa: E402
-from fusion_backend.tools import models  # noqa: E402 - the tiny configurations `fusekit bench` runs on CPU
+from fusion_backend.tools import flow, models  # noqa: E402 - the tiny configurations `fusekit bench` runs on CPU
 
 
 EXPECT = {"gpt2": "elementwise.gelu_tanh", "bert": "elementwise.gelu_erf", "llama": "elementwise.silu_mul"}
@@ -25,6 +25,11 @@ def test_tiny_model_matches_eager_and_fuses(name):
     assert rep.sites[EXPECT[name]] >= 2, str(rep)  # one per layer
     assert not rep.errors, str(rep)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    # `fusekit bench` on CPU (flow.py: the rest of the graph as ATen calls, no C++ kernels) fires the same sites as
+    # this compile with Inductor's own code generation, and matches eager
+    check = flow.prefill_check(name, grad_mode="no_grad")["modes"]["fusekit"]
+    assert check["sites"] == {k: v for k, v in rep.sites.items() if v}, (check["sites"], str(rep))
+    assert check["errors"] == 0 and check["check"] == "ok" and check["max_rel_err_vs_eager"] < 1e-5, check
 
 
 @pytest.mark.slow

@@ -19,6 +19,19 @@ def _dtype(s: str | None) -> torch.dtype | None:
     return getattr(torch, s) if s else None
 
 
+BENCH_DESCRIPTION = """\
+On a GPU: the end-to-end benchmark of the real models, prefill (eager / Inductor / fusekit / fusekit with CUDA
+graphs) and decode steps against a StaticCache (and generate), timed against Inductor.
+
+Without a GPU (or with --cpu): a flow check, not a benchmark. Tiny configurations of the same models are
+compiled with fusekit and options={"cpu_reference": True}, where each fused op runs its Python reference
+implementation (not meant to be fast). Per model and phase it reports the fusekit sites that fire, errors, near
+misses and the output (decode: the logits) against eager; nothing is timed. The default run takes about 1.5
+minutes of CPU time (2 the first time, which traces fusekit's patterns), on one core: more on a busy machine.
+
+Writes bench.md, bench.json, bench.png (prefill) and decode.md, decode.json, decode.png (decode) into --out."""
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import e2e, models
 
@@ -28,16 +41,27 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if bad:
         print(f"unknown model/mode {bad}; models: {list(models.MODELS)}, modes: {list(e2e.MODES)}", file=sys.stderr)
         return 2
-    if a.phase in ("prefill", "both"):
-        grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
-        e2e.bench(names, modes, pathlib.Path(a.out), "cpu" if a.cpu else None, _dtype(a.dtype), a.batch, a.seq,
-                  grad_modes)
-    if a.phase in ("decode", "both"):
+    ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
+    grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
+    phases = ("prefill", "decode") if a.phase == "both" else (a.phase,)
+    if a.cpu or not torch.cuda.is_available():
+        # no GPU: a flow check with the reference implementations (flow.py), nothing timed
+        from . import flow
+
+        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache") if getattr(a, k)]
+        if ignored:
+            print(f"note: {', '.join(ignored)} only apply on a GPU; the CPU flow check runs eager and fusekit",
+                  file=sys.stderr)
+        flow.bench(names, pathlib.Path(a.out), phases, _dtype(a.dtype), a.batch, a.seq, grad_modes, ints(a.batches),
+                   ints(a.positions), a.generate, log=lambda s: print(s, flush=True))
+        return 0
+    if "prefill" in phases:
+        e2e.bench(names, modes, pathlib.Path(a.out), None, _dtype(a.dtype), a.batch, a.seq, grad_modes)
+    if "decode" in phases:
         from . import decode_bench
 
-        ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
         gen_caches = tuple(None if x == "auto" else int(x) for x in a.gen_cache.split(",")) if a.gen_cache else None
-        decode_bench.bench(names, pathlib.Path(a.out), "cpu" if a.cpu else None, ints(a.batches), ints(a.positions),
+        decode_bench.bench(names, pathlib.Path(a.out), None, ints(a.batches), ints(a.positions),
                            generate=a.generate, gen_caches=gen_caches)
     return 0
 
@@ -62,6 +86,53 @@ def cmd_explain(a: argparse.Namespace) -> int:
     return 0
 
 
+DOCTOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)
+# Rules whose CUDA default is a predicate of the kernels present (Pattern.cuda_default callable), as shown for an
+# sm_90 GPU without one here: the predicate's name -> (cell, what it means)
+KERNEL_DEFAULTS = {"tma_default": ("on (sm_90a)", "on where fusekit's sm_90a TMA kernel is built (an H100/H200 with "
+                                                  "fusekit's build); opt-in on other GPUs")}
+
+
+def _op_dtype_missing(p, dtype: torch.dtype) -> str | None:
+    """Why fusekit::op has no CUDA kernel for `dtype` (its rules also take dtypes that only run on CPU), or None."""
+    from .. import ops
+
+    cuda = ops.CUDA_DTYPES.get(p.op)
+    return None if cuda is None or dtype in cuda else f"fusekit::{p.op} has no CUDA kernel for {str(dtype)[6:]}"
+
+
+def _cell_here(p, dtype: torch.dtype, device: torch.device) -> tuple[str, str | None]:
+    """(cell, why no kernel) for rule `p` in `dtype` on this machine's GPU: what the pass's device guard decides."""
+    from .. import _ext
+
+    if dtype not in p.dtypes:
+        return "-", None
+    why = _ext.missing_cuda_kernel(p.op, device) or _op_dtype_missing(p, dtype)
+    if why:
+        return "no-kernel", why
+    if not p.on_by_default(dtype, device):
+        return "opt-in", None
+    return ("on*" if p.min_numel(dtype) else "on"), None
+
+
+def _cell_sm90(p, dtype: torch.dtype, skipped: dict[str, str]) -> tuple[str, str | None]:
+    """(cell, why no kernel) for rule `p` in `dtype` on an sm_90 GPU (H100/H200) with the kernels that this install
+    builds for sm_90a (`skipped`: the kernel files it cannot build, and why): the rule's measured policy."""
+    if dtype not in p.dtypes:
+        return "-", None
+    why = next((f"{f}: {w}" for f, w in skipped.items() if f.endswith(f"/{p.op}.cu")), None) or \
+        _op_dtype_missing(p, dtype)
+    if why:
+        return "no-kernel", why
+    d = p.cuda_default
+    if callable(d):
+        name = getattr(d, "__name__", "")
+        return KERNEL_DEFAULTS.get(name, ("depends", None))[0], None
+    if not p.on_by_default(dtype, torch.device("cuda")):
+        return "opt-in", None
+    return ("on*" if p.min_numel(dtype) else "on"), None
+
+
 def doctor_text() -> str:
     from .. import _ext, table
 
@@ -78,31 +149,67 @@ def doctor_text() -> str:
                      f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)")
         st = _ext.load_for_device()
         where = f"loaded from {st.path}" if st.loaded else f"NOT available: {st.reason}"
-        lines.append(f"kernels for sm_{_ext.device_arch()}: {where}")
+        lines.append(f"kernels for sm_{_ext.device_arch().replace('.', '')}: {where}")
     else:
-        lines.append("GPU: none (CUDA patterns are off; CPU runs references with options={'cpu_reference': True})")
+        lines.append("GPU: none (the table below: what would fire on an sm_90 GPU, H100/H200; on this CPU the rules run "
+                     "only as references)")
     from shutil import which
     lines.append(f"nvcc: {which('nvcc') or 'not found (needed once, to build the kernels)'}")
     inc = _ext.cutlass_include()
     lines.append(f"CUTLASS headers: {inc[0] if inc else 'not found (pip install --no-deps nvidia-cutlass: the matmul epilogue kernel needs them)'}")
     lines.append("")
-    lines.append(f"{'pattern':38s} " + " ".join(f"{str(d)[6:]:>9s}" for d in (torch.float32, torch.float16,
-                                                                                 torch.bfloat16, torch.int8)))
-    for p in table.all_patterns():
+    patterns = table.all_patterns()
+    if cuda:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        lines.append(f"what fires on this GPU ({torch.cuda.get_device_name()}, sm_{_ext.device_arch().replace('.', '')}"
+                     f"), per rule and dtype:")
+        cell = lambda p, d: _cell_here(p, d, dev)  # noqa: E731
+    else:
+        skipped = _ext.skipped("9.0a")
+        lines.append("no GPU here: what would fire by default on an sm_90 GPU (H100/H200), per rule and dtype, with the "
+                     "kernels this install builds for sm_90a:")
+        cell = lambda p, d: _cell_sm90(p, d, skipped)  # noqa: E731
+    w = max(len(p.id) for p in patterns)
+    cw = 11
+    lines.append(f"{'pattern':{w}s} " + " ".join(f"{str(d)[6:]:>{cw}s}" for d in DOCTOR_DTYPES))
+    no_kernel: dict[tuple[str, str], list[str]] = {}
+    used: set[str] = set()
+    for p in patterns:
         cells = []
-        for d in (torch.float32, torch.float16, torch.bfloat16, torch.int8):
-            if d not in p.dtypes:
-                cells.append("-")
-            elif not cuda:
-                cells.append("cpu-ref")
-            elif _ext.missing_cuda_kernel(p.op, torch.device("cuda")):
-                cells.append("no-kernel")
-            else:
-                cells.append("on" if p.on_by_default(d, torch.device("cuda")) else "opt-in")
-        lines.append(f"{p.id:38s} " + " ".join(f"{c:>9s}" for c in cells))
+        for d in DOCTOR_DTYPES:
+            c, why = cell(p, d)
+            cells.append(c)
+            used.add(c)
+            if why:
+                no_kernel.setdefault((p.op, why), [])
+                if p.id not in no_kernel[(p.op, why)]:
+                    no_kernel[(p.op, why)].append(p.id)
+        lines.append(f"{p.id:{w}s} " + " ".join(f"{c:>{cw}s}" for c in cells))
     lines.append("")
-    lines.append("on = fires by default; opt-in = measured slower than Inductor here, enable with "
-                 "options={'patterns': [id]}; cpu-ref = CPU reference only; - = dtype not supported")
+    legend = ["on = fires by default",
+              "opt-in = measured slower than Inductor there: enable with options={'patterns': [id]}",
+              "no-kernel = cannot fire: no kernel built for this GPU/dtype (why: below)",
+              "- = dtype not supported"]
+    if "on*" in used:
+        legend.insert(1, "on* = by default from a size up (below it Inductor's kernels measured faster; a rule named "
+                         "in options['patterns'] fires at any size)")
+    for name, (c, meaning) in KERNEL_DEFAULTS.items():
+        if c in used:
+            legend.insert(1, f"{c} = {meaning}")
+    if "depends" in used:
+        legend.insert(1, "depends = the default depends on the kernels of the GPU (Pattern.cuda_default)")
+    lines += legend
+    if no_kernel:
+        lines.append("no-kernel, why:")
+        family = lambda i: i.split(".", 1)[0]  # noqa: E731
+        sizes = {f: sum(family(p.id) == f for p in patterns) for f in {family(p.id) for p in patterns}}
+        for (op, why), ids in no_kernel.items():
+            whole = {f for f in map(family, ids) if sum(family(i) == f for i in ids) == sizes[f]}
+            named = [f"{f}.* ({sizes[f]} rules)" for f in sorted(whole)] + [i for i in ids if family(i) not in whole]
+            lines.append(f"  {', '.join(named)}: {why}")
+    if not cuda:
+        lines.append("this machine: every rule, in every dtype it takes, runs on CPU with options={'cpu_reference': "
+                     "True}, as a reference implementation (to check the flow: `fusekit bench`), not for speed")
     return "\n".join(lines)
 
 
@@ -115,30 +222,37 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fusekit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("bench", help="end-to-end transformer benchmark: eager / Inductor / fusekit")
+    b = sub.add_parser("bench", help="end-to-end transformer benchmark on a GPU (eager / Inductor / fusekit); "
+                       "without one, a flow check on CPU (nothing timed)", description=BENCH_DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--models", default=None, help="comma-separated (default: all)")
-    b.add_argument("--modes", default=None, help="comma-separated of eager,inductor,fusekit,fusekit-ro")
+    b.add_argument("--modes", default=None, help="GPU: comma-separated of eager,inductor,fusekit,fusekit-ro "
+                   "(default: all); the CPU flow check runs eager and fusekit")
     b.add_argument("--batch", type=int, default=None)
     b.add_argument("--seq", type=int, default=None)
-    b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model)")
-    b.add_argument("--cpu", action="store_true", help="tiny configurations on CPU even with a GPU")
+    b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model on a GPU, float32 on CPU)")
+    b.add_argument("--cpu", action="store_true", help="the CPU flow check (tiny configurations, reference "
+                   "implementations, nothing timed) even with a GPU")
     b.add_argument("--grad-mode", default="inference", choices=("inference", "no_grad", "both"),
                    help="prefill: torch.inference_mode() (serving code's usual mode), no_grad, or both")
     b.add_argument("--phase", default="both", choices=("prefill", "decode", "both"),
                    help="prefill (whole prompts), decode (one step against a StaticCache, and generate), or both")
-    b.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (GPU default 1,8,32,64)")
+    b.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (GPU default 1,8,32,64; "
+                   "CPU 2)")
     b.add_argument("--positions", default=None, help="decode: comma-separated cache positions (GPU default "
-                   "128,1024,2048,4000 of 4096 slots)")
+                   "128,1024,2048,4000 of 4096 slots; CPU 8,40 of 64)")
     b.add_argument("--generate", action=argparse.BooleanOptionalAction, default=None,
-                   help="decode: also time model.generate (default: on a GPU)")
-    b.add_argument("--gen-cache", default=None, help="decode: comma-separated static cache sizes for generate; "
-                   "auto = prompt + new, transformers' own (GPU default auto,4096)")
-    b.add_argument("--out", default="fusekit_bench")
+                   help="decode: also run model.generate, timed on a GPU (default there), its tokens checked against "
+                   "eager's on CPU (default: off there)")
+    b.add_argument("--gen-cache", default=None, help="decode, GPU: comma-separated static cache sizes for generate; "
+                   "auto = prompt + new, transformers' own (default auto,4096)")
+    b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
+                   "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)
     p = sub.add_parser("profile", help="torch.profiler report of one model under eager, Inductor, fusekit")
     p.add_argument("--model", default="bert")
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--out", default="fusekit_profile")
+    p.add_argument("--out", default="fusekit_profile", help="default: fusekit_profile")
     p.set_defaults(fn=cmd_profile)
     e = sub.add_parser("explain", help="fusekit's match report for a named model")
     e.add_argument("--model", default="gpt2")
