@@ -87,18 +87,16 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
 
 DOCTOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)
-# Rules whose CUDA default is a predicate of the kernels present (Pattern.cuda_default callable), as shown for an
-# sm_90 GPU without one here: the predicate's name -> (cell, what it means)
-KERNEL_DEFAULTS = {"tma_default": ("on (sm_90a)", "on where fusekit's sm_90a TMA kernel is built (an H100/H200 with "
-                                                  "fusekit's build); opt-in on other GPUs")}
+# A rule whose CUDA default depends on the kernels built (Pattern.cuda_default, a predicate of the arch), shown for an
+# sm_90 GPU without one here: on with the sm_90a build, opt-in with other builds.
+SM90A_ONLY = ("on (sm_90a)", "on where fusekit's sm_90a kernels are built (H100/H200); opt-in with other GPUs' builds")
 
 
 def _op_dtype_missing(p, dtype: torch.dtype) -> str | None:
     """Why fusekit::op has no CUDA kernel for `dtype` (its rules also take dtypes that only run on CPU), or None."""
     from .. import ops
 
-    cuda = ops.CUDA_DTYPES.get(p.op)
-    return None if cuda is None or dtype in cuda else f"fusekit::{p.op} has no CUDA kernel for {str(dtype)[6:]}"
+    return None if ops.cuda_kernel_takes(p.op, dtype) else f"fusekit::{p.op} has no CUDA kernel for {str(dtype)[6:]}"
 
 
 def _cell_here(p, dtype: torch.dtype, device: torch.device) -> tuple[str, str | None]:
@@ -110,7 +108,7 @@ def _cell_here(p, dtype: torch.dtype, device: torch.device) -> tuple[str, str | 
     why = _ext.missing_cuda_kernel(p.op, device) or _op_dtype_missing(p, dtype)
     if why:
         return "no-kernel", why
-    if not p.on_by_default(dtype, device):
+    if not p.on_by_default(dtype, _ext.kernel_arch(p.op, device)):
         return "opt-in", None
     return ("on*" if p.min_numel(dtype) else "on"), None
 
@@ -124,12 +122,10 @@ def _cell_sm90(p, dtype: torch.dtype, skipped: dict[str, str]) -> tuple[str, str
         _op_dtype_missing(p, dtype)
     if why:
         return "no-kernel", why
-    d = p.cuda_default
-    if callable(d):
-        name = getattr(d, "__name__", "")
-        return KERNEL_DEFAULTS.get(name, ("depends", None))[0], None
-    if not p.on_by_default(dtype, torch.device("cuda")):
+    if not p.on_by_default(dtype, "9.0a"):
         return "opt-in", None
+    if not p.on_by_default(dtype, "8.0"):
+        return SM90A_ONLY[0], None
     return ("on*" if p.min_numel(dtype) else "on"), None
 
 
@@ -156,7 +152,7 @@ def doctor_text() -> str:
     from shutil import which
     lines.append(f"nvcc: {which('nvcc') or 'not found (needed once, to build the kernels)'}")
     inc = _ext.cutlass_include()
-    lines.append(f"CUTLASS headers: {inc[0] if inc else 'not found (pip install --no-deps nvidia-cutlass: the matmul epilogue kernel needs them)'}")
+    lines.append(f"CUTLASS headers: {inc[0] if inc else 'not found (pip install "fusekit[cuda]": the matmul epilogue kernels need them)'}")
     lines.append("")
     patterns = table.all_patterns()
     if cuda:
@@ -193,11 +189,8 @@ def doctor_text() -> str:
     if "on*" in used:
         legend.insert(1, "on* = by default from a size up (below it Inductor's kernels measured faster; a rule named "
                          "in options['patterns'] fires at any size)")
-    for name, (c, meaning) in KERNEL_DEFAULTS.items():
-        if c in used:
-            legend.insert(1, f"{c} = {meaning}")
-    if "depends" in used:
-        legend.insert(1, "depends = the default depends on the kernels of the GPU (Pattern.cuda_default)")
+    if SM90A_ONLY[0] in used:
+        legend.insert(1, f"{SM90A_ONLY[0]} = {SM90A_ONLY[1]}")
     lines += legend
     if no_kernel:
         lines.append("no-kernel, why:")
