@@ -93,7 +93,7 @@ def _with_reused_intermediate(fn, args):
 def test_no_fire_when_intermediate_reused(p, dtype):
     args = p.make_args(p.fixtures.cases[0], dtype, "cpu")
     gm = _with_reused_intermediate(p.search_fn(), args)
-    rep = explain(gm, *args)
+    rep = explain(gm, *args, patterns=[p.id])  # named: its near misses are reported even where it is opt-in
     assert rep.sites[p.id] == 0, str(rep)
     first = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target not in _VIEWS)
     pattern = pm.PatternPrettyPrinter.run(tracing.trace_search_pattern(p, dtype, "cpu"))
@@ -125,7 +125,7 @@ def test_no_fire_on_unsupported_dtype(p, dtype):
 @pytest.mark.parametrize("p,dtype", pattern_params(dtypes=False))
 def test_no_fire_on_failing_guard(p, dtype):
     args = _fill(p, p.fixtures.bad_layout(dtype, "cpu"))
-    rep = explain(p.search_fn(), *args)
+    rep = explain(p.search_fn(), *args, patterns=[p.id])  # named: reported even where it is opt-in
     assert rep.sites[p.id] == 0, str(rep)
     assert any(m.pattern == p.id and p.fixtures.bad_reason in m.reason for m in rep.near_misses), str(rep)
     # Inductor's result (its own fp16 roundings may differ by an ulp)
@@ -150,7 +150,7 @@ def test_cpu_needs_cpu_reference(p, dtype):
     import fusion_backend
 
     args = p.make_args(p.fixtures.cases[0], dtype, "cpu")
-    rep = fusion_backend.explain(p.search_fn(), *args)  # default options
+    rep = fusion_backend.explain(p.search_fn(), *args, options={"patterns": [p.id]})  # no cpu_reference
     assert rep.sites[p.id] == 0
     assert any(m.pattern == p.id and "cpu_reference" in m.reason for m in rep.near_misses), str(rep)
 
