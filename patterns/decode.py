@@ -164,11 +164,28 @@ def enough_rows(q: str) -> G.Guard:
     return G.Guard(f"enough_rows({q})", check, policy=True)
 
 
+def broadcast_kv_heads(q: str, k: str, v: str) -> G.Guard:
+    """Can fire (quietly: a cache of its own per head is not this rule's site): k and v are one KV head broadcast to
+    every query head, stride 0 along the heads. repeat_kv of a single KV head (MQA) is such a view, not a copy, so
+    SDPA sees as many "heads" as q; the op reads the one KV head once for the whole group."""
+    def check(s: G.Site) -> str | None:
+        tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
+        if tk.dim() == tv.dim() == tq.dim() == 4 and known(tk.shape[1] == tq.shape[1]) and known(tq.shape[1] > 1) \
+                and known(tk.stride(1) == 0) and known(tv.stride(1) == 0):
+            return None
+        return f"{k}/{v} are not one KV head broadcast to {q}'s heads"
+
+    return G.Guard(f"broadcast_kv_heads({k}, {v})", check, quiet=True)
+
+
 # ---- test inputs -----------------------------------------------------------------------------------
-# case = (B, Hq, Hkv, Lq, S, D, mask: "float" [B,1,Lq,S] | "bool" [B,1,Lq,S] | "none")
+# case = (B, Hq, Hkv, Lq, S, D, mask: "float" [B,1,Lq,S] | "bool" [B,1,Lq,S] | "none"); Hkv = 0: one KV head
+# broadcast to the Hq query heads (stride 0), as repeat_kv leaves an MQA cache
 def _qkv(case, dt, dev):
     b, hq, hkv, lq, s, d, _ = case
     q = rand((b, lq, hq, d), dt, dev).transpose(1, 2)  # heads split from [B, L, H*D], as in HF models
+    if hkv == 0:
+        return q, rand((b, 1, s, d), dt, dev).expand(b, hq, s, d), rand((b, 1, s, d), dt, dev).expand(b, hq, s, d)
     return q, rand((b, hkv, s, d), dt, dev), rand((b, hkv, s, d), dt, dev)
 
 
@@ -200,22 +217,30 @@ def _cases(hq, hkv, kind):
     return ((2, hq, hkv, 1, 70, 64, kind), (1, hq, hkv, 3, 130, 128, kind), (3, hq, hkv, 1, 9, 64, kind))
 
 
-GQA, MHA = (4, 2), (4, 4)
+GQA, MHA, MQA = (4, 2), (4, 4), (4, 0)  # (Hq, Hkv) of the CPU cases; MQA: one KV head broadcast (see _qkv)
 # (B, Hq, Hkv, Lq, S, D): awkward cache lengths, one slot, several rows, MQA, every head dim, batch 64
 GPU_CASES = ((1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (32, 4, 4, 16, 129, 256),
-             (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (16, 8, 8, 1, 64, 256))
+             (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (16, 8, 8, 1, 64, 256),
+             (2, 8, 0, 4, 257, 64), (32, 8, 0, 1, 1000, 256), (1, 16, 0, 1, 4096, 128))
+
+
+def _kv_kind(hq: int, hkv: int) -> str:
+    return "broadcast" if hkv == 0 else "mha" if hq == hkv else "grouped"
 
 
 def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pattern:
     masked = kind != "none"
+    kv = _kv_kind(*heads)
     return Pattern(
         f"decode.{what}", reference=decode_attention_ref, op="decode_attention", inputs=_inputs, dtypes=FLOATS,
-        trace="inductor", trace_case=(2, *heads, 1, 6, 8, kind), literals=("scale",),
+        # the broadcast cache reaches SDPA as [B, Hq, S, D]: the MHA chain, told apart by k's strides
+        trace="inductor", trace_case=(2, *(MHA if kv == "broadcast" else heads), 1, 6, 8, kind), literals=("scale",),
         graph_forms=_forms(masked) if forms else (),
-        guards=(cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
-                *((enough_rows("q"),) if heads[0] == heads[1] else ())), **kw,
+        guards=(*((broadcast_kv_heads("q", "k", "v"),) if kv == "broadcast" else ()),
+                cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
+                *((enough_rows("q"),) if kv == "mha" else ())), **kw,
         fixtures=Fixtures(cases=_cases(*heads, kind), baseline=decode_attention_eager,
-                          gpu_cases=tuple((*c, kind) for c in GPU_CASES if (c[1] == c[2]) == (heads[0] == heads[1])),
+                          gpu_cases=tuple((*c, kind) for c in GPU_CASES if _kv_kind(*c[1:3]) == kv),
                           bad_layout=_bad(_cases(*heads, kind)[0]), bad_reason="head dim"))
 
 
@@ -223,6 +248,11 @@ PATTERNS = [
     _rule("gqa_bool_mask", GQA, "bool", forms=False),   # math decomposition with a bool mask
     _rule("gqa", GQA, "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash
     _rule("gqa_no_mask", GQA, "none", forms=True, static={"mask": None}),
+    # One KV head (MQA: Gemma, Falcon-7B, ...): repeat_kv leaves a view with stride 0 along the heads, so SDPA gets
+    # the MHA chain; the op reads the head once for every query head instead of once per head.
+    _rule("mqa_bool_mask", MQA, "bool", forms=False),
+    _rule("mqa", MQA, "float", forms=True),
+    _rule("mqa_no_mask", MQA, "none", forms=True, static={"mask": None}),
     # Without grouped heads the kernel's only gain is the blocks the mask hides: near a full cache it measured
     # slower than the fused SDPA Inductor calls (GPT-2, H100, per step: b32/b64 at position 1000 of 1024 0.96x /
     # 0.95x, 1.17-1.62x at 128 and 512), and a compiled step serves every position, so on CUDA these fire only
