@@ -7,7 +7,7 @@
 namespace fusekit {
 
 // GELU and SiLU on the SFU (one MUFU.EX2 and one MUFU.RCP each, flushing subnormals) instead of
-// libdevice's erff/tanhf/expf and IEEE division (fusekit.h's gelu_erf, gelu_tanh, silu), for results rounded to 16 bits: the errors stay far below a 16-bit
+// libdevice's erff/tanhf/expf and IEEE division (elementwise/activations.cuh's gelu_erf, gelu_tanh, silu), for results rounded to 16 bits: the errors stay far below a 16-bit
 // half ulp (~1e-6 relative in float32 math), and libdevice made GELU instruction-bound (GEMM epilogues at
 // K = 64; elementwise GELU in fp16/bf16 at 51-80% of copy; benchmarks/NOTES.md).
 //   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh as a sigmoid, below.

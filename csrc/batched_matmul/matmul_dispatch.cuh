@@ -2,10 +2,18 @@
 // shape, and their launch. Shared by the translation units that instantiate them (split by input and output
 // type, so that they compile in parallel): matmul_epilogue.cu (fp16/bf16 -> same dtype),
 // matmul_epilogue_f32out.cu (fp16/bf16 -> fp32: the output cast), matmul_epilogue_tf32.cu (fp32 -> fp32 on
-// TF32 tensor cores). sm_90a only.
+// TF32 tensor cores). sm_90a only. A unit includes every other header it needs before this one (see NDEBUG
+// below).
 #pragma once
 
-#include "fusekit.h"
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <type_traits>
+
+#include "launch.cuh"  // sm_count
 
 // CUTLASS/CuTe assert() calls become function calls inside the kernel, which makes ptxas serialize every
 // wgmma ("crossing function boundary", warning C7510). NDEBUG is set for the CUTLASS headers only, after

@@ -28,15 +28,36 @@
 // group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
 // combines them. Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
 // prefix of a long cache still spreads over many CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
-// sm_90+ each kernel launches with programmatic dependent launch (fusekit.h) and waits before its first access.
+// sm_90+ each kernel launches with programmatic dependent launch (pdl.cuh) and waits before its first access.
 // History (benchmarks/NOTES.md): the CUDA-core version before it issued ~2,900 instructions per warp at
 // batch 32 (Nsight Compute: 64% issue-active, 46% of DRAM bandwidth); the first tensor-core version
 // 1.0-1.4x faster; then q read late, copies with fixed per-thread offsets, and scale and mask applied in the
 // softmax pass instead of per block (SASS of the score step: ~510 -> ~215 instructions): 1.05-1.5x again.
 // A ring of four stages (3 CTAs per SM) was slower at batch 32 and not kept.
-#include "fusekit.h"
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <type_traits>
+
+#include "attention_checks.h"  // check_cache_qkv, check_attention_mask
+#include "checks.h"            // describe
+#include "convert.cuh"         // to_float, from_float
+#include "cp_async.cuh"
+#include "dtype_dispatch.cuh"
+#include "launch.cuh"          // sm_count, opt_in_smem, binary_version, launch_ex
+#include "mma.cuh"
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace {
@@ -543,7 +564,7 @@ template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
   opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(max_chunk(D, RT)));
-  // Each kernel with PDL (fusekit.h): its launch overlaps the end of the kernel before it
+  // Each kernel with PDL (pdl.cuh): its launch overlaps the end of the kernel before it
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

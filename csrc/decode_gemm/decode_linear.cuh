@@ -13,7 +13,7 @@
 // activation rows, and both operands take the same permutation of k inside a chunk (see mma_chunk), so no
 // shuffle or shared-memory staging is needed. Weights are streamed past L1 (no_allocate); x, read by every
 // column tile, stays in L1/L2. Runs on the current stream, no workspace; on sm_90+ launched with programmatic
-// dependent launch (fusekit.h).
+// dependent launch (pdl.cuh).
 //
 // Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor's silu-mul for
 // gate/up at 1-8 rows (1.04-1.13x); slower than cuBLAS for every plain linear (0.43-0.98x), so that rule is
@@ -22,9 +22,22 @@
 // and were taken out; 16 columns came back for decode_qkv at 17-32 rows (launch_rows' wide), where the
 // activations that every column tile reads cost more than at a few rows.
 #pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
-#include "fusekit.h"
+#include <cstdint>
+#include <vector>
+
+#include "checks.h"       // FK_CHECK_CUDA, describe, aligned16
+#include "convert.cuh"    // to_float, from_float
+#include "fast_math.cuh"  // fast_silu
+#include "launch.cuh"     // binary_version, launch_ex
+#include "mma.cuh"
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace decode_gemm {

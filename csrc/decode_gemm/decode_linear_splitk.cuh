@@ -20,11 +20,20 @@
 // decode_linear_kernel, and on the plain o/down projections slower than cuBLAS at every K split. So
 // launch_decode_linear runs it for decode_qkv at 33-64 rows.
 #pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "cp_async.cuh"
 #include "decode_linear.cuh"
 #include "decode_linear_tma.cuh"
+#include "launch.cuh"  // sm_count, opt_in_smem, binary_version, launch_ex
+#include "mma.cuh"
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace decode_gemm {

@@ -18,14 +18,22 @@
 // runtime's entry-point query (no libcuda link). Built only where the extension is compiled for sm_90a
 // (FUSEKIT_SM90A); elsewhere tma_built() is false and the other kernels run.
 #pragma once
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <tuple>
-#include <map>
+#include <type_traits>
 
 #include "decode_linear.cuh"
+#include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace decode_gemm {

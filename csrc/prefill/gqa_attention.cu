@@ -19,14 +19,20 @@
 // where that is not cuDNN (a backend switched off, a shape or layout cuDNN does not take), the op runs the
 // replaced chain instead: the repeat, then PyTorch's SDPA. Either way on the current stream, allocations from
 // the caching allocator (CUDA-graph safe).
-#include "fusekit.h"
-
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/expand.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
+
+#include "attention_checks.h"  // check_cache_qkv, check_attention_mask
 
 namespace fusekit {
 namespace {

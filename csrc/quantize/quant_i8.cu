@@ -11,7 +11,19 @@
 // reciprocal path) but by a device tensor with a true division, after casting that tensor to x's dtype;
 // it rounds to x's dtype after the division and after the add; torch.round is round-half-to-even
 // (rintf). Each step is mirrored here (tests/test_kernels_gpu.py checks all three scalar forms).
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <type_traits>
+
+#include "quant_round.cuh"  // i8_bits, pack2_low_bytes
+#include "checks.h"
+#include "convert.cuh"  // rnd, rnd2
+#include "elementwise_engine.cuh"
+#include "scalar_args.cuh"
 
 namespace fusekit {
 namespace {

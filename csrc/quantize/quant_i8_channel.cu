@@ -7,13 +7,27 @@
 //
 // Contract: x [M, N] CUDA, contiguous, float32/float16/bfloat16; scale and zp float32, contiguous, both
 // [N] or both [M, 1]. x / scale promotes to float32 (a true division), then + zp, round half to even.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "quant_round.cuh"  // round_to_i8, round_bits, pack_low_bytes
+#include "checks.h"
+#include "fast_math.cuh"  // div_rn_recip, div_rn_by, div_rn_divisor_ok
+#include "launch.cuh"     // kThreads, blocks_for
+#include "vec.cuh"        // Vec, Held
 
 namespace fusekit {
 namespace {
 
 // q = x / s (rounded as eager's true division) -> + z -> round half to even -> clamp -> int8. The rounding
-// is fusekit.h's round_to_i8: rintf and a float -> int cast (FRND + F2I per element, both on the conversion
+// is quant_round.cuh's round_to_i8: rintf and a float -> int cast (FRND + F2I per element, both on the conversion
 // pipe) held the 16-bit kernels at ~70% of copy.
 __device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmin, float qmax) {
   return round_to_i8(__fadd_rn(__fdiv_rn(v, s), z), qmin, qmax);

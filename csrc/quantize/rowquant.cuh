@@ -1,7 +1,22 @@
 // One-pass dynamic per-row (per-token) quantization: each block owns one row, keeps it in registers,
 // reduces |x| to the row's absmax, writes the fp32 scale and the quantized row. x is read from HBM once.
 #pragma once
-#include "fusekit.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+#include "checks.h"  // FK_CHECK_*, aligned16
+#include "vec.cuh"   // Vec, Held, to_floats
 
 namespace fusekit {
 
@@ -52,7 +67,7 @@ __device__ __forceinline__ void absmax_update(const Vec<c10::BFloat16, V>& v, fl
   if constexpr (V % 2 == 0) absmax_packed<__nv_bfloat162>(v, amax, has_nan);
   else absmax_update<c10::BFloat16, V>(v, amax, has_nan);
 }
-// What a thread holds (fusekit.h's Held): bf16 as 32-bit words, as in the elementwise engine, where holding
+// What a thread holds (vec.cuh's Held): bf16 as 32-bit words, as in the elementwise engine, where holding
 // 16-bit elements made each load wait to be unpacked (PRMT). Here it measured within noise (dyn_quant_i8
 // bf16: 87 / 86% -> 89 / 86% of copy at 20M / 50M; benchmarks/NOTES.md).
 template <typename T, int V>
