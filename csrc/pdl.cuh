@@ -10,8 +10,7 @@
 // is slower (b1 0.637 ms) and is not done.
 #pragma once
 
-#include <cstdlib>
-#include <cstring>
+#include "debug_overrides.h"
 
 namespace fusekit {
 
@@ -27,14 +26,11 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Whether a kernel whose binary is `binary_version` (launch.cuh) may be launched with PDL now: built for sm_90+
-// (its pdl_wait is real), and FUSEKIT_PDL allows it (read at each launch: a CUDA graph keeps what its
-// capture saw): unset or "1": every part; "0": none; else the parts whose letter it holds (A/B runs): 'a' the
-// attention kernels, 'g' the decode GEMMs.
+// (its pdl_wait is real), and not turned off for its part ('a' attention, 'g' decode GEMMs) by the FUSEKIT_PDL
+// test override (debug_overrides.h).
 inline bool pdl_allowed(int binary_version, char part) {
   if (binary_version < 90) return false;
-  const char* e = std::getenv("FUSEKIT_PDL");
-  if (e == nullptr || std::strcmp(e, "1") == 0) return true;
-  return std::strchr(e, part) != nullptr;
+  return debug::pdl_enabled(part);
 }
 
 }  // namespace fusekit

@@ -46,7 +46,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <type_traits>
 
@@ -604,9 +603,6 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
   const int64_t target = 8 * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
-  if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_SPLITS")) {  // A/Bs (read at each launch, so at a capture)
-    splits = std::min(std::max(std::atoi(e), 1), nb);
-  }
   const int max_blocks = max_chunk(static_cast<int>(d), rt) / kBlockN;
   splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
   const int chunk_blocks = (nb + splits - 1) / splits;

@@ -25,10 +25,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "cp_async.cuh"
+#include "debug_overrides.h"  // FUSEKIT_DECODE_GEMM
 #include "decode_linear.cuh"
 #include "decode_linear_tma.cuh"
 #include "launch.cuh"  // sm_count, opt_in_smem, binary_version, launch_ex
@@ -207,32 +206,6 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
   return true;
 }
 
-// FUSEKIT_DECODE_GEMM (tests and A/Bs; read at each launch, so at a CUDA graph's capture): "old" forces
-// decode_linear_kernel, "splitk" the split-K kernel wherever it fits (1-64 rows), "splitk:S" with S splits of K,
-// "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B" the TMA kernel (1-64 rows, sm_90a builds; S splits, N stages of B k
-// boxes, B 1 or 2; 0: its own choice), "tmaearly..." that kernel with the first weight tiles issued before pdl_wait.
-// Returns -1 (unset: the measured selection), 0 (old), 1 (split-K) or 2 (TMA).
-inline int forced_kernel(int& splits, bool& early, int& stages, int& boxes) {
-  const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
-  splits = 0, early = false, stages = 0, boxes = 1;
-  if (e == nullptr) return -1;
-  if (std::strncmp(e, "old", 3) == 0) return 0;
-  const auto with_splits = [&](int len, int kind) {
-    if (e[len] == ':') {
-      splits = std::atoi(e + len + 1);
-      if (const char* c = std::strchr(e + len + 1, ':')) {
-        stages = std::atoi(c + 1);
-        if (const char* d = std::strchr(c + 1, ':')) boxes = std::atoi(d + 1);
-      }
-    }
-    return kind;
-  };
-  if (std::strncmp(e, "splitk", 6) == 0) return with_splits(6, 1);
-  if (std::strncmp(e, "tmaearly", 8) == 0) return early = true, with_splits(8, 2);
-  if (std::strncmp(e, "tma", 3) == 0) return with_splits(3, 2);
-  return -1;
-}
-
 // Whether the measured selection takes the TMA kernel (sm_90a builds): every plain linear of 1-64 rows, gate/up
 // at 9-64 and q/k/v at 17-64 (below those decode_linear_kernel was as fast). H100, Llama-style, op alone, cold
 // weights, us (results/h100_decode_gemm_tma_2026-11-26.md), cuBLAS -> TMA at 32 rows: o 6.5 -> 6.7, down 13.4 ->
@@ -246,11 +219,12 @@ inline bool tma_selected(int m, int nw, bool qkv) {
 // Every launch of decode_linear and decode_qkv. Measured selection (H100, cold weights, op alone): the TMA kernel
 // where tma_selected says; else the split-K kernel for q/k/v at 33-64 rows (Llama-style 17.7 -> 13.0-13.7 us,
 // decode_linear_kernel 20.8-23.0; results/h100_decode_gemm_splitk_2026-11-24h.md), decode_linear_kernel elsewhere.
+// The FUSEKIT_DECODE_GEMM test override (debug_overrides.h) forces one kernel instead.
 template <typename T, int NW>
 void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
-  int splits = 0, stages = 0, boxes = 1;
-  bool early = false;
-  const int forced = forced_kernel(splits, early, stages, boxes);
+  const debug::DecodeGemmOverride o = debug::decode_gemm_override();
+  const int forced = o.kernel, splits = o.splits, stages = o.stages, boxes = o.boxes;
+  const bool early = o.early;
   if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
   // In a step (benchmarks/probes/decode_gemm_step.py, H100, Llama-style @1024, CUDA graphs): above 8 rows the
   // first weight tiles issued before pdl_wait and at most 4 splits (b32 0.867 -> 0.844 ms, b64 1.173 -> 1.163);
