@@ -41,7 +41,7 @@ inline int blocks_for(int64_t units) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(sm_count()) * 8)));
 }
 
-// The arch `kernel` was compiled for (cudaFuncAttributes::binaryVersion: 90 for sm_90).
+// The arch of `kernel`'s binary (cudaFuncAttributes::binaryVersion: 90 for sm_90).
 template <typename K>
 int binary_version(K* kernel) {
   cudaFuncAttributes a{};

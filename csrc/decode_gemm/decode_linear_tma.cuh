@@ -326,9 +326,9 @@ bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
   return true;
 }
 
-// Stages of the ring: 3 unless asked (the FUSEKIT_DECODE_GEMM test override), at least 2, at most one per k
-// block of a split. Three measured best on an H100 (results/h100_decode_gemm_tma_2026-11-26.md): more CTAs per
-// SM (three of gate/up, six of a plain linear at 32 rows) rather than more bytes in flight per CTA.
+// Stages of the ring: 3 unless asked (the FUSEKIT_DECODE_GEMM test override), at least 2, at most one per k block
+// of a split. Three is the fastest on an H100: more CTAs per SM (three of gate/up, six of a plain linear at 32
+// rows) rather than more bytes in flight per CTA.
 inline int tma_stages(int asked, int per, int stage_bytes) {
   const int fit = static_cast<int>((kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / stage_bytes);
   return std::max(2, std::min({asked > 0 ? asked : 3, fit, kTmaMaxStages, std::max(per, 2)}));
