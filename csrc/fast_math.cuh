@@ -1,5 +1,5 @@
 // Float math of fusekit's kernels that needs neither torch nor CUTLASS, so that the GEMM epilogue, the
-// elementwise kernels and the torch-free configuration probe (benchmarks/probes/) share one definition.
+// elementwise and quantize kernels, and torch-free builds of them share one definition.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,9 +7,10 @@
 namespace fusekit {
 
 // GELU and SiLU on the SFU (one MUFU.EX2 and one MUFU.RCP each, flushing subnormals) instead of
-// libdevice's erff/tanhf/expf and IEEE division (fusekit.h's gelu_erf, gelu_tanh, silu), for results rounded to 16 bits: the errors stay far below a 16-bit
-// half ulp (~1e-6 relative in float32 math), and libdevice made GELU instruction-bound (GEMM epilogues at
-// K = 64; elementwise GELU in fp16/bf16 at 51-80% of copy; benchmarks/NOTES.md).
+// libdevice's erff/tanhf/expf and IEEE division (elementwise/activations.cuh's gelu_erf, gelu_tanh, silu), for
+// results rounded to 16 bits: the errors stay far below a 16-bit half ulp (~1e-6 relative in float32 math),
+// and libdevice makes GELU instruction-bound (GEMM epilogues at K = 64; elementwise GELU in fp16/bf16 at
+// 51-80% of copy bandwidth; fp16 GELU(erf) on the SFU: 96%).
 //   erf: Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7;  tanh as a sigmoid, below.
 // Limits as eager's: erf(+-inf) = +-1, tanh -> +-1, silu(-inf) = NaN, NaN stays NaN.
 __device__ __forceinline__ float ex2_approx(float x) {
@@ -47,7 +48,7 @@ __device__ __forceinline__ float relu(float x) { return isnan(x) ? x : fmaxf(x, 
 // is the refined reciprocal of CUDA's div.rn fast path (MUFU.RCP and one Newton step) and div_rn_by its
 // per-element part (a product and one correcting FMA), the same instructions __fdiv_rn runs when its
 // range check (FCHK) passes. __fdiv_rn repeats the reciprocal and the check per element; a kernel dividing
-// many elements by one scale was instruction-bound on it (per-channel INT8, benchmarks/NOTES.md).
+// many elements by one scale is instruction-bound on it (per-channel INT8).
 // Valid where every intermediate is a normal float: div_rn_divisor_ok(s) and |x| in [2^-60, 2^60] or 0
 // (quant_i8_channel.cu's quant_vec says when an int8 result needs only |x| <= 2^60); elsewhere __fdiv_rn.
 __device__ __forceinline__ float div_rn_recip(float s) {

@@ -19,12 +19,23 @@
 // mask first: with -inf rows those kernels return 0 like the math backend, which the GPU tests check. A
 // mask whose rows are not 16-byte aligned is copied into aligned rows first (see aligned_rows).
 // Runs on the current stream; allocates only through the caching allocator (CUDA-graph safe).
-#include "fusekit.h"
-
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
 
+#include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
+
+#include "attention_checks.h"  // check_attention_mask
+#include "checks.h"            // FK_CHECK_CUDA, describe
 
 namespace fusekit {
 namespace {

@@ -2,15 +2,23 @@
 // shape, and their launch. Shared by the translation units that instantiate them (split by input and output
 // type, so that they compile in parallel): matmul_epilogue.cu (fp16/bf16 -> same dtype),
 // matmul_epilogue_f32out.cu (fp16/bf16 -> fp32: the output cast), matmul_epilogue_tf32.cu (fp32 -> fp32 on
-// TF32 tensor cores). sm_90a only.
+// TF32 tensor cores). sm_90a only. A unit includes every other header it needs before this one (see NDEBUG
+// below).
 #pragma once
 
-#include "fusekit.h"
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <type_traits>
+
+#include "launch.cuh"  // sm_count
 
 // CUTLASS/CuTe assert() calls become function calls inside the kernel, which makes ptxas serialize every
 // wgmma ("crossing function boundary", warning C7510). NDEBUG is set for the CUTLASS headers only, after
-// torch's: defined before them it changed c10's inline code in this object only, and an error thrown
-// from here then crashed the process (seen on torch 2.11).
+// every torch header of the unit: defined before one, it changes c10's inline code in this object only, and
+// an error thrown from here then crashes the process (torch 2.11).
 #ifndef NDEBUG
 #define NDEBUG 1
 #endif
@@ -32,7 +40,7 @@ using namespace cute;
 // Cooperative: both consumer warpgroups share a tile, so the epilogue runs at full width (short K, where
 // the epilogue is most of the work). Ping-pong: the warpgroups alternate tiles, so one's epilogue hides
 // under the other's MMAs (long K). EpiTile: the sub-tile the epilogue converts and stores per step; wider
-// than CUTLASS's automatic choice, fewer steps (measured on an H200, see benchmarks/NOTES.md).
+// than CUTLASS's automatic choice, fewer steps (faster on an H200).
 // kC: the kernel reads a C operand (the residual, beta = 1); without one, C is void (see GemmConfig).
 template <class Element, class LayoutB, class Tile, class Cluster, bool kPingpong, class EpiTile, bool kC,
           class ElementD, bool kPlain = false>
@@ -79,10 +87,9 @@ using Cluster1 = Shape<_1, _1, _1>;
 using Cluster2x1 = Shape<_2, _1, _1>;  // two CTAs along M share (multicast) their B tile
 using EpiAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 
-// Tile and schedule by shape, each choice the fastest CUTLASS configuration measured on an H200 (bench_matmul
-// and the probes in benchmarks/probes/; timings in benchmarks/NOTES.md):
+// Tile and schedule by shape, each choice the fastest CUTLASS configuration measured on an H200:
 // - N <= 64 (p @ v, narrow outputs): cooperative 128x64 tiles (memory-bound; no other tile, cluster or
-//   stream-K was faster);
+//   stream-K is faster);
 // - the plain GEMM (no bias, no activation, 16 bits): CUTLASS's LinearCombination kernels (below);
 // - long K (>= 512, >= 1024 for GELU/SiLU, which one warpgroup hides only under longer MMAs): ping-pong
 //   128x128, as is a short K without activation or residual; the rest cooperative 128x128, 128x64 epilogue steps;
@@ -94,7 +101,7 @@ void dispatch_c(const GemmProblem& p, const at::Tensor& like) {
   if (p.N <= 64) return run<Gemm<Element, LayoutB, Tile128x64<Element>, Cluster1, false, EpiAuto, kC, ElementD>>(p, like);
   if constexpr (!kC) {
     // The plain 16-bit GEMM: ping-pong with CUTLASS's epilogue steps; from K = 4096 on, cooperative 128x256 tiles
-    // in 2x1 clusters, whose epilogue a long K amortizes (both below cuBLAS's time where both were timed).
+    // in 2x1 clusters, whose epilogue a long K amortizes (both faster than cuBLAS at every shape timed).
     // No activation at short K: ping-pong with 64x128 steps, whose stores overlap the other warpgroup's tile.
     if constexpr (std::is_same_v<ElementD, Element> && sizeof(Element) == 2) {
       if (p.act == kNone && p.bias == nullptr) {

@@ -21,6 +21,21 @@
 // kernel and the pattern stays with Inductor).
 // Requires CUTLASS headers (pip install --no-deps nvidia-cutlass, or CUTLASS_PATH); see fusion_backend/_ext.py.
 // fusekit-build: cutlass sm_90a
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checks.h"        // FK_CHECK_CUDA, describe, aligned16
+#include "scalar_args.cuh"
+// last: it defines NDEBUG for the CUTLASS headers, after every torch header (see there)
 #include "matmul_dispatch.cuh"  // GemmProblem, the configurations and their launch
 
 namespace fusekit {

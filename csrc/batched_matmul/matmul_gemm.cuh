@@ -1,7 +1,6 @@
 // The CUTLASS 3 (sm90) pieces of fusekit::matmul_epilogue that need no torch: the runtime activation
-// functor and the GEMM configuration template. Shared with the torch-free configuration probe
-// (benchmarks/probes/matmul_configs.cu). Include after the CUTLASS headers (matmul_epilogue.cu sets NDEBUG
-// for them).
+// functor and the GEMM configuration template, so that a torch-free program can build and time the same
+// configurations. It includes the CUTLASS headers, which want NDEBUG defined (matmul_dispatch.cuh does so).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,7 +21,7 @@ namespace fusekit {
 enum Act : int { kNone = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3, kSilu = 4 };
 
 // Epilogue activations: fast_math.cuh's SFU forms (fast_gelu_erf, ...). The GEMM epilogue is instruction-
-// bound when the GEMM is short (K = 64: 25M outputs per 0.02 ms of MMA; benchmarks/NOTES.md).
+// bound when the GEMM is short (K = 64: 25M outputs per 0.02 ms of MMA).
 // The activation is a runtime argument (a uniform branch per fragment): one kernel serves all five,
 // instead of five times the instantiations and compile time.
 template <class T>
@@ -82,7 +81,7 @@ struct RuntimeAct<cutlass::Array<T, N>> {
 // memory and the wgmma runs on their TF32 part (the builder maps float to tfloat32_t). kPlainEpilogue: no
 // bias and no activation (void C only): CUTLASS's LinearCombination (alpha acc) instead of the bias +
 // activation EVT, whose per-element work bounds a short-K GEMM ([96,512,64,512]: 0.0265 -> 0.0221 ms on an
-// H200, cuBLAS 0.0228; benchmarks/probes/matmul_configs.cu set 4). Scheduler: GemmUniversal's tile
+// H200, cuBLAS 0.0228). Scheduler: GemmUniversal's tile
 // scheduler (void: the persistent data-parallel one).
 template <class Element, class LayoutB, class Tile, class Cluster, class MainSchedule, class EpiSchedule,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, class ElementC = Element, int kStages = 0,

@@ -28,15 +28,35 @@
 // group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
 // combines them. Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
 // prefix of a long cache still spreads over many CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
-// sm_90+ each kernel launches with programmatic dependent launch (fusekit.h) and waits before its first access.
-// History (benchmarks/NOTES.md): the CUDA-core version before it issued ~2,900 instructions per warp at
-// batch 32 (Nsight Compute: 64% issue-active, 46% of DRAM bandwidth); the first tensor-core version
-// 1.0-1.4x faster; then q read late, copies with fixed per-thread offsets, and scale and mask applied in the
-// softmax pass instead of per block (SASS of the score step: ~510 -> ~215 instructions): 1.05-1.5x again.
-// A ring of four stages (3 CTAs per SM) was slower at batch 32 and not kept.
-#include "fusekit.h"
+// sm_90+ each kernel launches with programmatic dependent launch (pdl.cuh) and waits before its first access.
+// Why so: on CUDA cores the kernel issues ~2,900 instructions per warp at batch 32 (Nsight Compute: 64%
+// issue-active, 46% of DRAM bandwidth); on tensor cores it is 1.0-1.4x faster, and q read late, copies with
+// fixed per-thread offsets, and scale and mask applied in the softmax pass instead of per block (SASS of the
+// score step: ~510 -> ~215 instructions) make it 1.05-1.5x faster again. A ring of four stages (3 CTAs per
+// SM) is slower at batch 32.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+
+#include "attention_checks.h"  // check_cache_qkv, check_attention_mask
+#include "checks.h"            // describe
+#include "convert.cuh"         // to_float, from_float
+#include "cp_async.cuh"
+#include "dtype_dispatch.cuh"
+#include "launch.cuh"          // sm_count, opt_in_smem, binary_version, launch_ex
+#include "mma.cuh"
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace {
@@ -44,8 +64,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kBlockN = 64;     // keys per mask-skip block
 // Keys per split at most (the scores live in shared memory): 8 blocks for 4 rows of D <= 128, else 4. Batch 32
-// and 64 of a 4-row group then take 8 splits instead of 16 (fewer CTAs that only read their mask; alone 1-2%
-// faster at b32/b64, the b64 step 2.4%, the b32 step within 0.2%: results/h100_decode_attention_chunk_order_ab_2026-11-26c.md).
+// and 64 of a 4-row group then take 8 splits instead of 16 (fewer CTAs that only read their mask; on an H100
+// the op alone is 1-2% faster at b32/b64, the b64 decode step 2.4%, the b32 step within 0.2%).
 constexpr int max_chunk(int d, int rt) { return rt == 4 && d <= 128 ? 512 : 256; }
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kHiddenLog2 = -60000.f * kLog2e;  // a mask value at or below -60000 (in log2 units) hides
@@ -115,7 +135,7 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
-constexpr int kStages = 2;  // of the K/V ring (four, with 3 CTAs per SM, measured slower at batch 32)
+constexpr int kStages = 2;  // of the K/V ring (four, with 3 CTAs per SM, are slower at batch 32)
 
 // CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
 template <int D, int RT>
@@ -421,7 +441,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
     if (t < n) x = ml[(base + t) * p.rows_total];  // (from L1: read above)
     const bool ok = x.x != -INFINITY;  // a split that saw nothing wrote no partial output
     const unsigned bal = __ballot_sync(0xffffffffu, ok);
-    __syncthreads();  // the previous tile's list is read
+    __syncthreads();  // the list of the tile before is read
     if (lane == 0) s_cnt[warp] = __popc(bal);
     __syncthreads();
     int pos = __popc(bal & ((1u << lane) - 1)), nok = 0;
@@ -543,7 +563,7 @@ template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
   opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(max_chunk(D, RT)));
-  // Each kernel with PDL (fusekit.h): its launch overlaps the end of the kernel before it
+  // Each kernel with PDL (pdl.cuh): its launch overlaps the end of the kernel before it
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -583,9 +603,6 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
   const int64_t target = 8 * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
-  if (const char* e = std::getenv("FUSEKIT_DECODE_ATTN_SPLITS")) {  // A/Bs (read at each launch, so at a capture)
-    splits = std::min(std::max(std::atoi(e), 1), nb);
-  }
   const int max_blocks = max_chunk(static_cast<int>(d), rt) / kBlockN;
   splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
   const int chunk_blocks = (nb + splits - 1) / splits;

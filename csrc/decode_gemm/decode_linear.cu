@@ -11,7 +11,18 @@
 // Float32 accumulation; "silu_mul" rounds the two products, silu(gate) and the result to x's dtype, as eager.
 //
 // The kernel, why it is shaped so and what it measured: decode_linear.cuh.
-#include "decode_linear_splitk.cuh"
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "decode_linear_splitk.cuh"  // launch_decode_linear, check_x, check_weight, rows, out_like
+#include "checks.h"                  // describe
+#include "dtype_dispatch.cuh"
 
 namespace fusekit {
 namespace {

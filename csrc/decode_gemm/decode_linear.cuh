@@ -3,7 +3,7 @@
 // against weight matrices that are read once, straight from HBM, by as many thread blocks as fill the GPU.
 //
 // Why: at M <= 8 a linear is a pass over its weight, and cuBLAS's small-M kernels leave HBM bandwidth unused
-// (H100: 2 MB k/v projections at 13%; benchmarks/NOTES.md); SwiGLU's gate and up then take two such passes
+// (H100: 2 MB k/v projections at 13% of the copy bandwidth); SwiGLU's gate and up then take two such passes
 // plus an elementwise kernel, and q, k and v three launches. Here a CTA of 8 warps owns 8 output columns of
 // one part (q, k or v: the grid's x covers the parts' column tiles in turn) or of both gated weights, 16*MT
 // rows (gridDim.y covers more rows), and all of K: its warps take the 32-wide chunks in turn (neighbouring
@@ -13,18 +13,31 @@
 // activation rows, and both operands take the same permutation of k inside a chunk (see mma_chunk), so no
 // shuffle or shared-memory staging is needed. Weights are streamed past L1 (no_allocate); x, read by every
 // column tile, stays in L1/L2. Runs on the current stream, no workspace; on sm_90+ launched with programmatic
-// dependent launch (fusekit.h).
+// dependent launch (pdl.cuh).
 //
-// Measured on an H100 (benchmarks/results/h100_decode_gemm.md): faster than cuBLAS + Inductor's silu-mul for
-// gate/up at 1-8 rows (1.04-1.13x); slower than cuBLAS for every plain linear (0.43-0.98x), so that rule is
-// off by default. More columns per CTA (16-64) and K split over a thread-block cluster (2-8 CTAs, DSMEM
-// reduction) were slower at the decode shapes (the cluster split won only k/v at 1-8 rows, by up to 1.09x),
-// and were taken out; 16 columns came back for decode_qkv at 17-32 rows (launch_rows' wide), where the
-// activations that every column tile reads cost more than at a few rows.
+// On an H100: faster than cuBLAS + Inductor's silu-mul for gate/up at 1-8 rows (1.04-1.13x); slower than
+// cuBLAS for every plain linear (0.43-0.98x), so that rule is off by default. More columns per CTA (16-64)
+// and K split over a thread-block cluster inside this kernel (2-8 CTAs, DSMEM reduction) are slower at the
+// decode shapes (the cluster split wins only k/v at 1-8 rows, by up to 1.09x); 16 columns per CTA pay off
+// only for decode_qkv at 17-32 rows (launch_rows' wide), where the activations that every column tile reads
+// cost more than at a few rows.
 #pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
-#include "fusekit.h"
+#include <cstdint>
+#include <vector>
+
+#include "checks.h"       // FK_CHECK_CUDA, describe, aligned16
+#include "convert.cuh"    // to_float, from_float
+#include "fast_math.cuh"  // fast_silu
+#include "launch.cuh"     // binary_version, launch_ex
+#include "mma.cuh"
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace decode_gemm {
@@ -261,7 +274,7 @@ void launch(Params p, cudaStream_t stream) {
 
 // p.n and p.parts set; the column tiles are counted here. wide (decode_qkv): 16 columns per CTA at 17-32 rows,
 // where x, read by every column tile, outweighs the weights: Llama-style q+k+v 14.6 -> 10.3 us at 32 rows on an
-// H100 (results/h100_decode_gemm_wide_ab_2026-11-24g.md); plain linears and 1-16 rows measured slower wide.
+// H100; plain linears and 1-16 rows are slower wide.
 template <typename T, int NW>
 void launch_rows(const Params& p, cudaStream_t stream, bool wide = false) {
   if (p.m <= 16) return launch<T, 1, NW, 1>(p, stream);

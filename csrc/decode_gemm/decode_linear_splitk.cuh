@@ -4,7 +4,7 @@
 // Why: decode_linear_kernel's CTA owns 8 output columns and all of K, so every CTA reads all of x: at 32 rows
 // that is 4 activation loads per weight load, and x (128 KB at K = 2048) is read through L2 once per 8 columns.
 // cuBLAS's nvjet kernels reach 45-73% of the copy bandwidth at 32 rows (H100: o 6.2 us for 8 MB, gate and up
-// 10.6 us each for 23 MB; benchmarks/NOTES.md). Here weight rows are the mma's M side (16 per warp, 64 per
+// 10.6 us each for 23 MB). Here weight rows are the mma's M side (16 per warp, 64 per
 // CTA) and x's rows its N side (8 per mma, XM mmas), so one x fragment serves 16 weight rows, and a CTA takes
 // a slice of K: x's slice sits in shared memory, loaded once (cp.async) while the first weight loads are in
 // flight. The S CTAs of a cluster take the S slices of K of one 64-column tile and add their fp32 partial tiles
@@ -15,16 +15,24 @@
 // into registers (16-byte streaming loads, U chunks of 32 k in flight per warp), x's 8 k of its row g from
 // shared memory, and both operands take the same permutation of k (mma_chunk's), so no ldmatrix is needed.
 //
-// Measured on an H100 (results/h100_decode_gemm_splitk_2026-11-24h.md): faster than cuBLAS and than
-// decode_linear_kernel for q+k+v at 33-64 rows only (Llama-style 1.29-1.37x cuBLAS); at 1-32 rows no faster than
-// decode_linear_kernel, and on the plain o/down projections slower than cuBLAS at every K split. So
-// launch_decode_linear runs it for decode_qkv at 33-64 rows.
+// On an H100: faster than cuBLAS and than decode_linear_kernel for q+k+v at 33-64 rows only (Llama-style
+// 1.29-1.37x cuBLAS); at 1-32 rows no faster than decode_linear_kernel, and on the plain o/down projections
+// slower than cuBLAS at every K split. So launch_decode_linear runs it for decode_qkv at 33-64 rows where the
+// TMA kernel does not run.
 #pragma once
-#include <cstdlib>
-#include <cstring>
+#include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "cp_async.cuh"
+#include "debug_overrides.h"  // FUSEKIT_DECODE_GEMM
 #include "decode_linear.cuh"
 #include "decode_linear_tma.cuh"
+#include "launch.cuh"  // sm_count, opt_in_smem, binary_version, launch_ex
+#include "mma.cuh"
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace decode_gemm {
@@ -198,37 +206,11 @@ bool launch_splitk(Params p, cudaStream_t stream, int splits = 0) {
   return true;
 }
 
-// FUSEKIT_DECODE_GEMM (tests and A/Bs; read at each launch, so at a CUDA graph's capture): "old" forces
-// decode_linear_kernel, "splitk" the split-K kernel wherever it fits (1-64 rows), "splitk:S" with S splits of K,
-// "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B" the TMA kernel (1-64 rows, sm_90a builds; S splits, N stages of B k
-// boxes, B 1 or 2; 0: its own choice), "tmaearly..." that kernel with the first weight tiles issued before pdl_wait.
-// Returns -1 (unset: the measured selection), 0 (old), 1 (split-K) or 2 (TMA).
-inline int forced_kernel(int& splits, bool& early, int& stages, int& boxes) {
-  const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
-  splits = 0, early = false, stages = 0, boxes = 1;
-  if (e == nullptr) return -1;
-  if (std::strncmp(e, "old", 3) == 0) return 0;
-  const auto with_splits = [&](int len, int kind) {
-    if (e[len] == ':') {
-      splits = std::atoi(e + len + 1);
-      if (const char* c = std::strchr(e + len + 1, ':')) {
-        stages = std::atoi(c + 1);
-        if (const char* d = std::strchr(c + 1, ':')) boxes = std::atoi(d + 1);
-      }
-    }
-    return kind;
-  };
-  if (std::strncmp(e, "splitk", 6) == 0) return with_splits(6, 1);
-  if (std::strncmp(e, "tmaearly", 8) == 0) return early = true, with_splits(8, 2);
-  if (std::strncmp(e, "tma", 3) == 0) return with_splits(3, 2);
-  return -1;
-}
-
 // Whether the measured selection takes the TMA kernel (sm_90a builds): every plain linear of 1-64 rows, gate/up
-// at 9-64 and q/k/v at 17-64 (below those decode_linear_kernel was as fast). H100, Llama-style, op alone, cold
-// weights, us (results/h100_decode_gemm_tma_2026-11-26.md), cuBLAS -> TMA at 32 rows: o 6.5 -> 6.7, down 13.4 ->
-// 11.5, lm_head 52.0 -> 50.0; gate/up with silu (cuBLAS + Inductor 25.6) 22.5 -> ~21; q+k+v decode_linear_kernel
-// 10.1 -> 8.0; at 1 and 8 rows o 6.3 -> 5.7-5.9, down 12.6 -> 10.8.
+// at 9-64 and q/k/v at 17-64 (below those decode_linear_kernel is as fast). H100, Llama-style, op alone, cold
+// weights, us, cuBLAS -> TMA at 32 rows: o 6.5 -> 6.7, down 13.4 -> 11.5, lm_head 52.0 -> 50.0; gate/up with
+// silu (cuBLAS + Inductor 25.6) 22.5 -> ~21; q+k+v decode_linear_kernel 10.1 -> 8.0; at 1 and 8 rows o 6.3 ->
+// 5.7-5.9, down 12.6 -> 10.8.
 inline bool tma_selected(int m, int nw, bool qkv) {
   if (!tma_built() || m > 64) return false;
   return qkv ? m > 16 : nw == 2 ? m > 8 : true;
@@ -236,16 +218,17 @@ inline bool tma_selected(int m, int nw, bool qkv) {
 
 // Every launch of decode_linear and decode_qkv. Measured selection (H100, cold weights, op alone): the TMA kernel
 // where tma_selected says; else the split-K kernel for q/k/v at 33-64 rows (Llama-style 17.7 -> 13.0-13.7 us,
-// decode_linear_kernel 20.8-23.0; results/h100_decode_gemm_splitk_2026-11-24h.md), decode_linear_kernel elsewhere.
+// decode_linear_kernel 20.8-23.0), decode_linear_kernel elsewhere. The FUSEKIT_DECODE_GEMM test override
+// (debug_overrides.h) forces one kernel instead.
 template <typename T, int NW>
 void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
-  int splits = 0, stages = 0, boxes = 1;
-  bool early = false;
-  const int forced = forced_kernel(splits, early, stages, boxes);
+  const debug::DecodeGemmOverride o = debug::decode_gemm_override();
+  const int forced = o.kernel, splits = o.splits, stages = o.stages, boxes = o.boxes;
+  const bool early = o.early;
   if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
-  // In a step (benchmarks/probes/decode_gemm_step.py, H100, Llama-style @1024, CUDA graphs): above 8 rows the
-  // first weight tiles issued before pdl_wait and at most 4 splits (b32 0.867 -> 0.844 ms, b64 1.173 -> 1.163);
-  // at 1-8 rows neither (b1 0.573 against 0.578-0.589, b8 0.647 against 0.644-0.660).
+  // In a decode step (H100, Llama-style @1024, CUDA graphs): above 8 rows the first weight tiles issued before
+  // pdl_wait and at most 4 splits (b32 0.867 -> 0.844 ms, b64 1.173 -> 1.163); at 1-8 rows neither (b1 0.573
+  // against 0.578-0.589, b8 0.647 against 0.644-0.660).
   if (forced == -1 && tma_selected(p.m, NW, qkv) && launch_tma<T, NW>(p, stream, 0, p.m > 8, 0, 1, p.m > 8 ? 4 : kTmaMaxSplits)) {
     return;
   }

@@ -18,14 +18,22 @@
 // runtime's entry-point query (no libcuda link). Built only where the extension is compiled for sm_90a
 // (FUSEKIT_SM90A); elsewhere tma_built() is false and the other kernels run.
 #pragma once
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <tuple>
-#include <map>
+#include <type_traits>
 
 #include "decode_linear.cuh"
+#include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
+#include "pdl.cuh"
 
 namespace fusekit {
 namespace decode_gemm {
@@ -318,9 +326,9 @@ bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
   return true;
 }
 
-// Stages of the ring: 3 unless asked (A/Bs), at least 2, at most one per k block of a split. Three measured best
-// on an H100 (results/h100_decode_gemm_tma_2026-11-26.md): more CTAs per SM (three of gate/up, six of a plain
-// linear at 32 rows) rather than more bytes in flight per CTA.
+// Stages of the ring: 3 unless asked (the FUSEKIT_DECODE_GEMM test override), at least 2, at most one per k block
+// of a split. Three is the fastest on an H100: more CTAs per SM (three of gate/up, six of a plain linear at 32
+// rows) rather than more bytes in flight per CTA.
 inline int tma_stages(int asked, int per, int stage_bytes) {
   const int fit = static_cast<int>((kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / stage_bytes);
   return std::max(2, std::min({asked > 0 ? asked : 3, fit, kTmaMaxStages, std::max(per, 2)}));

@@ -15,7 +15,18 @@
 // bandwidth). One launch with the three weights' column tiles side by side in its grid streams all of them
 // at once. The kernel is decode_linear's (decode_linear.cuh); at 33-64 rows the split-K one
 // (decode_linear_splitk.cuh, launch_decode_linear's selection).
-#include "decode_linear_splitk.cuh"
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "decode_linear_splitk.cuh"  // launch_decode_linear, check_x, check_weight, rows, out_like
+#include "checks.h"                  // describe
+#include "dtype_dispatch.cuh"
 
 namespace fusekit {
 namespace {

@@ -6,7 +6,16 @@
 // Contract: x, y CUDA, contiguous, one shape, one dtype in {float32, float16, bfloat16}; c a float or a
 // 0-dim float tensor (c_t). Returns a new contiguous tensor of x's shape and dtype. Computes in float32
 // and rounds once (eager rounds after each op), so half-precision results are at least as accurate.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "checks.h"
+#include "elementwise_engine.cuh"
+#include "scalar_args.cuh"
 
 namespace fusekit {
 namespace {

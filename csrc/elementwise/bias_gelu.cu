@@ -6,7 +6,16 @@
 //
 // Contract: x [..., N] CUDA, contiguous, float32/float16/bfloat16; bias [N], same dtype and device,
 // contiguous; approximate in {"none", "tanh"}. Returns a new contiguous tensor like x. Float32 math.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "activations.cuh"
+#include "checks.h"
+#include "elementwise_engine.cuh"
 
 namespace fusekit {
 namespace {

@@ -5,7 +5,14 @@
 //
 // Contract: x [..., N] CUDA, contiguous, float32/float16/bfloat16; bias [N], same dtype and device,
 // contiguous. Returns a new contiguous tensor like x. NaN stays NaN, as in eager.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "elementwise_engine.cuh"
+#include "fast_math.cuh"  // relu
 
 namespace fusekit {
 namespace {

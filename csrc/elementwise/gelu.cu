@@ -5,7 +5,16 @@
 //
 // Contract: x CUDA, contiguous, float32/float16/bfloat16; approximate in {"none", "tanh"}. Returns a new
 // contiguous tensor like x. Float32 math, one rounding.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "activations.cuh"
+#include "checks.h"
+#include "elementwise_engine.cuh"
 
 namespace fusekit {
 namespace {

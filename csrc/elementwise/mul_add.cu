@@ -5,7 +5,13 @@
 //
 // Contract: q, k, v CUDA, contiguous, one shape, one dtype in {float32, float16, bfloat16}. Returns a new
 // contiguous tensor. Computes q * k + v in float32 with one rounding (an FMA).
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "elementwise_engine.cuh"
 
 namespace fusekit {
 namespace {

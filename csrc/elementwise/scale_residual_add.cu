@@ -5,7 +5,16 @@
 //
 // Contract: x, residual CUDA, contiguous, one shape, one dtype in {float32, float16, bfloat16}; scale a
 // float or a 0-dim float tensor (scale_t). Returns a new contiguous tensor. Float32 math (one FMA).
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "checks.h"
+#include "elementwise_engine.cuh"
+#include "scalar_args.cuh"
 
 namespace fusekit {
 namespace {

@@ -5,7 +5,15 @@
 //
 // Contract: g, u CUDA, contiguous, one shape, one dtype in {float32, float16, bfloat16}. Returns a new
 // contiguous tensor. Float32 math; silu(g) is rounded to the dtype before the product, as in eager.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "activations.cuh"
+#include "checks.h"
+#include "convert.cuh"  // rnd2
+#include "elementwise_engine.cuh"
 
 namespace fusekit {
 namespace {

@@ -12,21 +12,26 @@
 //
 // Why: Inductor runs transformers' repeat_kv as a copy of the whole cache (every slot, every query head)
 // before its fused SDPA kernel. PyTorch's SDPA takes grouped heads (enable_gqa) in its cuDNN kernel, with a
-// mask, where flash and memory-efficient refuse (H100, torch 2.11: benchmarks/results/
-// h100_gqa_prefill_backends_2026-11-24e.txt; a 512-token prompt against 4096 slots, 16/4 heads: Inductor's
-// chain 222 us, cuDNN with grouped heads 108 us).
+// mask, where flash and memory-efficient refuse (H100, torch 2.11; a 512-token prompt against 4096 slots,
+// 16/4 heads: Inductor's chain 222 us, cuDNN with grouped heads 108 us).
 // How: PyTorch picks the kernel (at::_fused_sdp_choice with enable_gqa, so its own support checks apply);
 // where that is not cuDNN (a backend switched off, a shape or layout cuDNN does not take), the op runs the
 // replaced chain instead: the repeat, then PyTorch's SDPA. Either way on the current stream, allocations from
 // the caching allocator (CUDA-graph safe).
-#include "fusekit.h"
-
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/expand.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
+
+#include "attention_checks.h"  // check_cache_qkv, check_attention_mask
 
 namespace fusekit {
 namespace {

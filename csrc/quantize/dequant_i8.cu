@@ -6,7 +6,17 @@
 //
 // Contract: q int8 CUDA, contiguous; scale and zp floats or 0-dim float tensors (scale_t, zp_t); dtype in
 // {float32, float16, bfloat16}. Returns a new contiguous tensor of q's shape in `dtype`.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "checks.h"
+#include "convert.cuh"  // to
+#include "elementwise_engine.cuh"
+#include "scalar_args.cuh"
 
 namespace fusekit {
 namespace {

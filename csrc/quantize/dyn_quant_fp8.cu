@@ -7,6 +7,12 @@
 //
 // Contract: x [..., K] CUDA, contiguous, float32/float16/bfloat16; returns q float8_e4m3fn like x and the
 // fp32 scales [..., 1]; saturating, bit-exact with eager CUDA.
+#include <cuda_fp8.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "quant_round.cuh"  // to_e4m3
 #include "rowquant.cuh"
 
 namespace fusekit {

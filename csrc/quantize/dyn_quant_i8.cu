@@ -9,6 +9,11 @@
 // scales [..., 1]. Bit-exact with eager CUDA (s = amax * (1/127) as eager's scalar divide does; x / s is
 // eager's true division, from 1/s and two FMA corrections or bracketed by two FMAs, see rowquant.cuh;
 // round half to even).
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "quant_round.cuh"  // kRoundMagic, round_bits, pack_low_bytes, round_to_i8
 #include "rowquant.cuh"
 
 namespace fusekit {

@@ -6,7 +6,19 @@
 // Contract: x CUDA, contiguous, float32/float16/bfloat16; scale a float or a 0-dim float tensor (scale_t).
 // Returns a new contiguous float8_e4m3fn tensor like x. As eager: a host scale divides as x * (1/scale),
 // a device scale (cast to x's dtype) divides truly; the quotient is rounded to x's dtype first.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_fp8.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "quant_round.cuh"  // to_e4m3
+#include "checks.h"
+#include "convert.cuh"  // rnd, rnd2
+#include "elementwise_engine.cuh"
+#include "scalar_args.cuh"
 
 namespace fusekit {
 namespace {

@@ -11,13 +11,26 @@
 // reciprocal path) but by a device tensor with a true division, after casting that tensor to x's dtype;
 // it rounds to x's dtype after the division and after the add; torch.round is round-half-to-even
 // (rintf). Each step is mirrored here (tests/test_kernels_gpu.py checks all three scalar forms).
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <type_traits>
+
+#include "quant_round.cuh"  // i8_bits, pack2_low_bytes
+#include "checks.h"
+#include "convert.cuh"  // rnd, rnd2
+#include "elementwise_engine.cuh"
+#include "scalar_args.cuh"
 
 namespace fusekit {
 namespace {
 
 // kDevice: scale or zp is a device tensor. Both host scalars (the common case) compile to a kernel with
-// no pointer branches or scalar reloads between the elements (bf16 at 83-86% of copy had them).
+// no pointer branches or scalar reloads between the elements (bf16: 91-96% of copy bandwidth, 83-86% with
+// them).
 template <typename T, bool kDevice>
 struct QuantI8 {
   ScalarArg scale, zp;
@@ -42,9 +55,9 @@ struct QuantI8 {
     if (!isnan(t)) t = fminf(fmaxf(t, qmin), qmax);  // eager's clamp lets NaN through
     return static_cast<int8_t>(t);
   }
-  // bf16: two values per rounding (rnd2), two bytes per word (pack2_low_bytes). Measured on an H200 at 50M
-  // elements: bf16 0.066 -> 0.058 ms with the pairs; fp16 was slower this way (0.043 -> 0.048 ms), so it
-  // keeps the one-element path.
+  // bf16: two values per rounding (rnd2), two bytes per word (pack2_low_bytes). On an H200 at 50M elements:
+  // bf16 0.066 -> 0.058 ms with the pairs; fp16 is slower this way (0.043 -> 0.048 ms), so it keeps the
+  // one-element path.
   static constexpr bool kPairs = std::is_same_v<T, c10::BFloat16>;
   __device__ uint16_t pair(const float2 (&v)[1]) const {
     const float sc = s(), zc = z();

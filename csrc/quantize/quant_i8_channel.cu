@@ -7,21 +7,35 @@
 //
 // Contract: x [M, N] CUDA, contiguous, float32/float16/bfloat16; scale and zp float32, contiguous, both
 // [N] or both [M, 1]. x / scale promotes to float32 (a true division), then + zp, round half to even.
-#include "fusekit.h"
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "quant_round.cuh"  // round_to_i8, round_bits, pack_low_bytes
+#include "checks.h"
+#include "fast_math.cuh"  // div_rn_recip, div_rn_by, div_rn_divisor_ok
+#include "launch.cuh"     // kThreads, blocks_for
+#include "vec.cuh"        // Vec, Held
 
 namespace fusekit {
 namespace {
 
 // q = x / s (rounded as eager's true division) -> + z -> round half to even -> clamp -> int8. The rounding
-// is fusekit.h's round_to_i8: rintf and a float -> int cast (FRND + F2I per element, both on the conversion
-// pipe) held the 16-bit kernels at ~70% of copy.
+// is quant_round.cuh's round_to_i8: rintf and a float -> int cast (FRND + F2I per element, both on the
+// conversion pipe) hold the 16-bit kernels at ~70% of copy bandwidth.
 __device__ __forceinline__ int8_t quant_one(float v, float s, float z, float qmin, float qmax) {
   return round_to_i8(__fadd_rn(__fdiv_rn(v, s), z), qmin, qmax);
 }
 
 // A vector whose fast path does not apply (x beyond 2^60, inf, NaN; a scale out of range; a NaN zero point):
 // eager's division per element. Out of line, as in rowquant.cuh: joined with the fast path, its packed word
-// was taken apart into bytes (an AND and a PRMT per byte) and qmin/qmax were reloaded per element.
+// is taken apart into bytes (an AND and a PRMT per byte) and qmin/qmax are reloaded per element.
 template <int V, int NS>
 __device__ __noinline__ void quant_vec_exact(Vec<float, V> xf, Vec<float, NS> s, Vec<float, NS> z, float qmin,
                                              float qmax, Vec<int8_t, V>* dst) {
@@ -74,18 +88,17 @@ __device__ __forceinline__ void quant_vec(const float (&xf)[V], const Vec<float,
 
 // Vector path (cols % V == 0, aligned): a thread owns one column vector (V columns) in R consecutive rows:
 // the per-column scale and zp vectors are loaded once for R rows, the row/column split is one 32-bit
-// multiply-shift per thread (IntDivider), and all R loads are issued before any math. The first version
-// (one vector per thread, a 64-bit division or modulo per vector, scale/zp reloaded per vector) ran at
-// 67-89% of copy (benchmarks/NOTES.md). Blocks of 64 threads, at 20M elements on an H200
-// (benchmarks/probes/hbm_launch_shapes.cu, 7 interleaved rounds; copy of the same bytes 0.0190 ms), 256 ->
-// 128 -> 64 threads: per column fp16 0.0205 -> 0.0204 -> 0.0202 ms, bf16 0.0208 -> 0.0206 -> 0.0204; per row
-// fp16 0.0202 -> 0.0202 -> 0.0197, bf16 0.0201 -> 0.0201 -> 0.0196; fp32 0.0297-0.0299 in all three. 6 or 8
-// rows per thread: slower (per column bf16 0.0205 and 0.0216 ms with 128 threads).
+// multiply-shift per thread (IntDivider), and all R loads are issued before any math. One vector per thread,
+// with a 64-bit division or modulo per vector and scale/zp reloaded per vector, runs at 67-89% of copy
+// bandwidth. Blocks of 64 threads: at 20M elements on an H200 (7 interleaved rounds; copy of the same bytes
+// 0.0190 ms), 256 -> 128 -> 64 threads: per column fp16 0.0205 -> 0.0204 -> 0.0202 ms, bf16 0.0208 -> 0.0206
+// -> 0.0204; per row fp16 0.0202 -> 0.0202 -> 0.0197, bf16 0.0201 -> 0.0201 -> 0.0196; fp32 0.0297-0.0299 in
+// all three. 6 or 8 rows per thread are slower (per column bf16 0.0205 and 0.0216 ms with 128 threads).
 constexpr int kChannelRows = 4;
 constexpr int kChannelThreads = 64;
 
-// TH threads per block, R rows per thread: parameters so that benchmarks/probes/hbm_launch_shapes.cu can time
-// other launch shapes of this very kernel; the op launches the defaults.
+// TH threads per block, R rows per thread: template parameters so that other launch shapes of this very
+// kernel can be timed; the op launches the defaults.
 template <typename T, int V, bool PER_ROW, int TH = kChannelThreads, int R = kChannelRows>
 __global__ void __launch_bounds__(TH) quant_channel_kernel(const T* __restrict__ x, const float* __restrict__ scale,
                                                            const float* __restrict__ zp, int8_t* __restrict__ q,

@@ -1,7 +1,22 @@
 // One-pass dynamic per-row (per-token) quantization: each block owns one row, keeps it in registers,
 // reduces |x| to the row's absmax, writes the fp32 scale and the quantized row. x is read from HBM once.
 #pragma once
-#include "fusekit.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+#include "checks.h"  // FK_CHECK_*, aligned16
+#include "vec.cuh"   // Vec, Held, to_floats
 
 namespace fusekit {
 
@@ -52,9 +67,9 @@ __device__ __forceinline__ void absmax_update(const Vec<c10::BFloat16, V>& v, fl
   if constexpr (V % 2 == 0) absmax_packed<__nv_bfloat162>(v, amax, has_nan);
   else absmax_update<c10::BFloat16, V>(v, amax, has_nan);
 }
-// What a thread holds (fusekit.h's Held): bf16 as 32-bit words, as in the elementwise engine, where holding
-// 16-bit elements made each load wait to be unpacked (PRMT). Here it measured within noise (dyn_quant_i8
-// bf16: 87 / 86% -> 89 / 86% of copy at 20M / 50M; benchmarks/NOTES.md).
+// What a thread holds (vec.cuh's Held): bf16 as 32-bit words, as in the elementwise engine, where holding
+// 16-bit elements makes each load wait to be unpacked (PRMT). Here the two are within noise (dyn_quant_i8
+// bf16: 87 / 86% of copy bandwidth held as elements, 89 / 86% as words, at 20M / 50M elements).
 template <typename T, int V>
 __device__ __forceinline__ void absmax_update(const Held<T, V>& h, float& amax, bool& has_nan) {
   absmax_update(h.x, amax, has_nan);
@@ -88,8 +103,9 @@ __device__ __forceinline__ void absmax_update(const Held<c10::BFloat16, V>& h, f
 //   Q::pack(t[V], w)                V % 4 == 0: the V values of eager quotients t, four to a word.
 // NOTE (exact and fast): x / s lies between x * rlo and x * rhi (rlo, rhi = 1/s -+ 2^-20 relative, wider
 // than every rounding error in play), and rounding is monotone, so where both ends give one value, eager's
-// rounded x / s gives it too. That costs two FMAs per element instead of a division: the fp16 kernel was
-// issue-bound (0.072 -> 0.054 ms at [16384, 4096] in a standalone probe on an H200, copy floor 0.049 ms).
+// rounded x / s gives it too. That costs two FMAs per element instead of a division, on which the fp16
+// kernel is issue-bound (0.072 ms with the division, 0.054 ms bracketed, at [16384, 4096] on an H200; copy
+// floor 0.049 ms).
 // The exact-row kernel's 16-bit rows skip the bracket: div_by_recip below gives eager's quotient itself
 // in five FP instructions, with no vectors left undecided (ExactRow::kQuotient).
 
@@ -109,7 +125,7 @@ constexpr float kMinBracketScale = 0x1p-60f;
 
 // The rare vector whose bracket does not decide: some x / s at or next to a rounding boundary (an exact tie
 // in ~2% of the vectors of a randn bf16 row, 0.2% in fp16, whose 11-bit mantissas meet ties less often).
-// Out of line: joined with the fast path, the fast path's packed words were taken apart into bytes to meet
+// Out of line: joined with the fast path, the fast path's packed words are taken apart into bytes to meet
 // these byte stores (~10 extra integer ops and a local-memory spill per vector in the SASS).
 template <typename Q, int V>
 __device__ __noinline__ void quantize_near_tie(Vec<float, V> xf, typename Q::Out* dst, float s, float r) {
@@ -129,9 +145,9 @@ __device__ __noinline__ void quantize_exact(Vec<float, V> xf, typename Q::Out* d
 }
 
 // kNearTie: undecided vectors take quantize_near_tie, else quantize_exact. Only the exact-row kernel takes
-// the former: in the general kernel, a second out-of-line callee raised registers from 48 to 56-62 (4
-// blocks per SM instead of 5; fp32 rows of 4096 measured 0.0306 -> 0.0331 ms at 20M on an H200), and one
-// callee doing either measured no faster than the division alone in the exact-row kernel.
+// the former: in the general kernel, a second out-of-line callee raises registers from 48 to 56-62 (4
+// blocks per SM instead of 5; fp32 rows of 4096 at 20M elements on an H200: 0.0331 ms instead of 0.0306), and
+// one callee doing either is no faster than the division alone in the exact-row kernel.
 // kQuotient (V % 4 == 0): no bracket; every element's quotient by div_by_recip, packed by Q::pack (rows
 // with a NaN/inf or tiny scale still take quantize_exact).
 template <typename T, typename Q, bool kNearTie, int V, bool kQuotient = false>
@@ -188,7 +204,7 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
   Held<T, V> held[kRowVecs];
   float amax = 0.f;
   bool has_nan = false;
-  // all loads first, then the math: interleaved, the compiler waited for each load in turn (0.065 ms
+  // all loads first, then the math: interleaved, the compiler waits for each load in turn (0.065 ms
   // instead of 0.054 at [16384, 4096] fp16 on an H200)
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) {
@@ -237,13 +253,12 @@ __global__ void __launch_bounds__(kRowThreads) rowquant_kernel(const T* __restri
 }
 
 // Rows of exactly kTH * kRowVecs vectors (4096 elements: 16-bit in 128 threads, fp32 in 256; ExactRow): the
-// kernel above without bounds checks or remainder loops, with at least kMinBlocks blocks per SM. Measured
-// on an H200 at 20M elements against the general kernel (benchmarks/probes/hbm_launch_shapes.cu; copy
-// 0.0192 ms), both on the bracket: INT8 fp16 0.0225 -> 0.0209 ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212
-// -> 0.0212, bf16 0.0223 -> 0.0217; at 50M 0-7% faster; fp32 (256 threads, >= 5 blocks) 0.0302-0.0303 ->
-// 0.0300-0.0301 (copy 0.0283). A separate kernel, so that the general one compiles as before (folding both
-// into one template changed its SASS). kMinBlocks and kQuotient: parameters so that the probe can time
-// other choices of this very kernel.
+// kernel above without bounds checks or remainder loops, with at least kMinBlocks blocks per SM. On an H200 at
+// 20M elements, general kernel -> this one, both on the bracket (copy 0.0192 ms): INT8 fp16 0.0225 -> 0.0209
+// ms, bf16 0.0228 -> 0.0215; e4m3 fp16 0.0212 -> 0.0212, bf16 0.0223 -> 0.0217; at 50M 0-7% faster; fp32 (256
+// threads, >= 5 blocks) 0.0302-0.0303 -> 0.0300-0.0301 (copy 0.0283). A separate kernel: folded into one
+// template with the general kernel, it changes the general kernel's SASS. kMinBlocks and kQuotient are
+// template parameters so that other choices of this very kernel can be timed; the op launches ExactRow's.
 template <typename T, int V, typename Q, int kTH, int kMinBlocks = 10, bool kQuotient = false>
 __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T* __restrict__ x,
                                                                          typename Q::Out* __restrict__ q,
@@ -258,7 +273,7 @@ __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T
   for (int k = 0; k < kRowVecs; ++k) held[k].load(xr, threadIdx.x + k * kTH);
 #pragma unroll
   for (int k = 0; k < kRowVecs; ++k) absmax_update(held[k], amax, has_nan);
-  // The scale step repeats rowquant_kernel's on purpose: a shared helper slowed the general kernel (NOTES).
+  // The scale step repeats rowquant_kernel's on purpose: a shared helper slows the general kernel.
   const bool any_nan = __syncthreads_or(has_nan);
   amax = block_max(amax);
   if (any_nan) amax = __int_as_float(0x7fffffff);
@@ -274,10 +289,10 @@ __global__ void __launch_bounds__(kTH, kMinBlocks) rowquant_exact_kernel(const T
 }
 
 // The exact-row launch by element size: threads per block and the launch bound's minimum blocks per SM.
-// kQuotient: 16-bit rows quantize every element from div_by_recip's quotient, no bracket. Measured with the
-// probe on an H200 at 20M elements (copy 0.0190 ms), bracket -> quotient: INT8 fp16 0.0203 -> 0.0201 ms,
-// bf16 0.0206 -> 0.0200; e4m3 fp16 0.0205 -> 0.0199, bf16 0.0212 -> 0.0200 (the bracket's near-tie calls:
-// 2-3% of bf16 vectors); fp32 0.0300-0.0301 -> 0.0302 (kept on the bracket).
+// kQuotient: 16-bit rows quantize every element from div_by_recip's quotient, no bracket. On an H200 at 20M
+// elements (copy 0.0190 ms), bracket -> quotient: INT8 fp16 0.0203 -> 0.0201 ms, bf16 0.0206 -> 0.0200; e4m3
+// fp16 0.0205 -> 0.0199, bf16 0.0212 -> 0.0200 (the bracket's near-tie calls: 2-3% of bf16 vectors); fp32
+// 0.0300-0.0301 -> 0.0302, so fp32 stays on the bracket.
 template <typename T>
 struct ExactRow {
   static constexpr int kThreads = sizeof(T) == 2 ? 128 : 256;
@@ -287,8 +302,9 @@ struct ExactRow {
 
 // x: [..., cols] contiguous; q: same shape; scales: [rows] fp32.
 // NOTE (measured on an H200): a row per block with as few threads as hold the row in kRowVecs vectors
-// each (128 threads for 4096 halfs) beat 64 x 8 and 512 x 1, two rows per block, a warp-per-row kernel
-// (registers cap it at 2 blocks per SM) and a persistent 3-stage cp.async pipeline (per-row latency chain).
+// each (128 threads for 4096 halfs) is faster than 64 x 8 and 512 x 1, two rows per block, a warp-per-row
+// kernel (registers cap it at 2 blocks per SM) and a persistent 3-stage cp.async pipeline (per-row latency
+// chain).
 template <typename T, typename Q>
 void launch_rowquant(const T* x, typename Q::Out* q, float* scales, int64_t rows, int64_t cols, float eps) {
   if (rows == 0) return;

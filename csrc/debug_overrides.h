@@ -1,0 +1,59 @@
+// Test and debug overrides: the only environment variables fusekit's kernels read. Each one forces a choice
+// the launch code otherwise makes itself, so that the GPU tests can run every kernel variant and compare
+// against the default; none is a tuning knob, and with none set every launch takes its default. Each is
+// read at each launch, so a CUDA graph keeps what its capture saw.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace fusekit {
+namespace debug {
+
+// FUSEKIT_PDL: whether kernels of `part` may launch with programmatic dependent launch (pdl.cuh), where their
+// build has it. Unset or "1": every part; "0": none; otherwise the parts whose letter the value holds: 'a' the
+// attention kernels (decode_attention), 'g' the decode GEMMs (decode_linear, decode_qkv).
+inline bool pdl_enabled(char part) {
+  const char* e = std::getenv("FUSEKIT_PDL");
+  if (e == nullptr || std::strcmp(e, "1") == 0) return true;
+  return std::strchr(e, part) != nullptr;
+}
+
+// FUSEKIT_DECODE_GEMM: the kernel of decode_linear and decode_qkv (decode_gemm/decode_linear_splitk.cuh's
+// launch_decode_linear). "old": decode_linear_kernel; "splitk": the split-K kernel wherever it fits (1-64 rows),
+// "splitk:S" with S splits of K; "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B": the TMA kernel (1-64 rows, sm_90a
+// builds; S splits, N stages of B k boxes, B 1 or 2; 0: its own choice); "tmaearly..." that kernel with the
+// first weight tiles issued before pdl_wait. Where the forced kernel cannot run (a build without it, rows or
+// a K it does not take), decode_linear_kernel runs.
+struct DecodeGemmOverride {
+  int kernel = -1;  // -1: none (the default selection), 0: decode_linear_kernel, 1: split-K, 2: TMA
+  int splits = 0;
+  bool early = false;
+  int stages = 0;
+  int boxes = 1;
+};
+
+inline DecodeGemmOverride decode_gemm_override() {
+  DecodeGemmOverride o;
+  const char* e = std::getenv("FUSEKIT_DECODE_GEMM");
+  if (e == nullptr) return o;
+  const auto with_splits = [&](int len, int kind) {
+    if (e[len] == ':') {
+      o.splits = std::atoi(e + len + 1);
+      if (const char* c = std::strchr(e + len + 1, ':')) {
+        o.stages = std::atoi(c + 1);
+        if (const char* d = std::strchr(c + 1, ':')) o.boxes = std::atoi(d + 1);
+      }
+    }
+    o.kernel = kind;
+    return o;
+  };
+  if (std::strncmp(e, "old", 3) == 0) return o.kernel = 0, o;
+  if (std::strncmp(e, "splitk", 6) == 0) return with_splits(6, 1);
+  if (std::strncmp(e, "tmaearly", 8) == 0) return o.early = true, with_splits(8, 2);
+  if (std::strncmp(e, "tma", 3) == 0) return with_splits(3, 2);
+  return o;
+}
+
+}  // namespace debug
+}  // namespace fusekit
