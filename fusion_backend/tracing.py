@@ -237,12 +237,18 @@ _SHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default
               aten.full.default}
 
 
+_SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default}
+
+
 def _shape_wildcards(expr: Any) -> Any:
-    """Sizes in view/reshape/expand/full and device kwargs match anything (the graph's shapes, static or
-    symbolic); reduction dims, permutations and dtypes stay exact. Shared nodes stay shared."""
+    """Sizes in view/reshape/expand/full and the split size of split/split_with_sizes, and device kwargs, match
+    anything (the graph's shapes, static or symbolic; a rule whose result depends on where a split falls checks it
+    in a guard); reduction dims, split dims, permutations and dtypes stay exact. Shared nodes stay shared."""
     def wild(e: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if set(e.fns) & _SHAPE_OPS:
             args = [pm.Ignored() if isinstance(a, (list, tuple)) else a for a in args]
+        if set(e.fns) & _SPLIT_OPS and len(args) > 1:
+            args = [args[0], pm.Ignored(), *args[2:]]
         kwargs = {k: pm.Ignored() if k == "device" else v for k, v in kwargs.items()}
         # a view, a reshape and matmul's _unsafe_view after a copy are one thing here
         fns = _VIEW_OPS if set(e.fns) & set(_VIEW_OPS) else e.fns

@@ -44,7 +44,16 @@ MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
     y = F.linear(x, w)
+    if act == "silu_mul_halves":  # one [2N, K] weight of gate rows then up rows (Phi-3's gate_up_proj)
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
+
+
+def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
+    """The halves rule as Phi-3 writes it: up * silu(gate) (operands of two computed values are not commuted)."""
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    return up * F.silu(gate)
 
 
 def decode_qkv_ref(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor | None = None,
@@ -53,10 +62,10 @@ def decode_qkv_ref(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor | N
 
 
 # ---- checks ----------------------------------------------------------------------------------------
-def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
+def weight_operands(x: str, *weights: str, one_shape: bool = True, halves: bool = False) -> G.Guard:
     """Can fire: plain int sizes; x [..., K] contiguous; each weight a contiguous [N, K] (nn.Linear's), one
-    shape for all unless not `one_shape`; K and every N multiples of 8 and every tensor 16-byte aligned (the
-    kernel's 16-byte loads)."""
+    shape for all unless not `one_shape`; K and every N (with `halves`, N / 2: the weight is read as two) multiples
+    of 8 and every tensor 16-byte aligned (the kernel's 16-byte loads)."""
     def check(s: G.Site) -> str | None:
         tx, tws = s.tensor(x), [s.tensor(w) for w in weights]
         sizes = [*tx.shape, *tx.stride(), tx.storage_offset()] + [v for t in tws for v in (*t.shape, *t.stride(),
@@ -70,14 +79,29 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True) -> G.Guard:
             if t.dim() != 2 or t.shape[1] != k or (one_shape and tuple(t.shape) != tuple(tws[0].shape)) \
                     or not t.is_contiguous():
                 return f"{name} {tuple(t.shape)} (strides {t.stride()}) is not a contiguous [N, {k}] weight"
-        ns = sorted({t.shape[0] for t in tws})
-        if k % 8 or any(n % 8 for n in ns) or k == 0:
+        ns = sorted({t.shape[0] // 2 if halves else t.shape[0] for t in tws})
+        if k % 8 or any(n % 8 for n in ns) or k == 0 or (halves and any(t.shape[0] % 2 for t in tws)):
             return f"K={k} and N={'/'.join(map(str, ns))} must be positive multiples of 8"
         if any(t.storage_offset() % 8 for t in (tx, *tws)):
             return "a storage offset is not a multiple of 8 elements (16 bytes)"
         return None
 
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
+
+
+def splits_in_halves(w: str) -> G.Guard:
+    """Can fire: the product is split in two halves of `w`'s rows (chunk(2)): the search pattern takes any split
+    size, the op splits at N / 2."""
+    def check(s: G.Site) -> str | None:
+        n = s.tensor(w).shape[0]
+        for node in s.match.nodes:
+            if node.target is torch.ops.aten.split.Tensor and node.args[1] * 2 != n:
+                return f"split at {node.args[1]} of {n} rows, not in halves"
+            if node.target is torch.ops.aten.split_with_sizes.default and list(node.args[1]) != [n // 2, n // 2]:
+                return f"split into {list(node.args[1])} of {n} rows, not in halves"
+        return None
+
+    return G.Guard(f"splits_in_halves({w})", check)
 
 
 def has_tma_kernel(arch: str | None) -> bool:
@@ -105,9 +129,11 @@ def tma_default(dtype: torch.dtype, arch: str | None) -> bool:
 
 
 # ---- test inputs: case = (*rows, K, N) with rows [B, S] (3-D x) or [M] (2-D) -------------------------
-def _inputs(gated: bool):
+def _inputs(gated: bool, halves: bool = False):
     def make(case, dt, dev):
         *rows, k, n = case
+        if halves:  # gate and up in one weight
+            return rand((*rows, k), dt, dev), rand((2 * n, k), dt, dev, scale=k ** -0.5)
         ws = [rand((n, k), dt, dev, scale=k ** -0.5) for _ in range(2 if gated else 1)]
         return (rand((*rows, k), dt, dev), *ws)
 
@@ -126,17 +152,19 @@ GPU_CASES = {3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 
              2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1032, 24))}
 
 
-def _rule(name: str, gated: bool, rank: int) -> Pattern:
-    static = {"act": "silu_mul"} if gated else {"act": "none", "w2": None}
-    weights = ("w", "w2") if gated else ("w",)
-    make = _inputs(gated)
+def _rule(name: str, gated: bool, rank: int, halves: bool = False) -> Pattern:
+    static = {"act": "silu_mul_halves", "w2": None} if halves else {"act": "silu_mul"} if gated else \
+        {"act": "none", "w2": None}
+    weights = ("w", "w2") if gated and not halves else ("w",)
+    make = _inputs(gated, halves)
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     pid = f"decode_gemm.{name}{'' if rank == 3 else '_2d'}"
     return Pattern(
         pid, reference=decode_linear_ref, op="decode_linear",
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
-        cuda_default=True if gated else tma_default,
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights), few_rows("x", name)),
+        cuda_default=True if gated else tma_default, variants=(_up_times_silu_gate,) if halves else (),
+        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights, halves=halves),
+                *((splits_in_halves("w"),) if halves else ()), few_rows("x", "gate_up_silu" if gated else name)),
         fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
                           gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case),
                           bad_reason="multiples of 8"),
@@ -188,5 +216,8 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
     )
 
 
-PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2), _qkv_rule(3, True), _qkv_rule(2, True),
+PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
+            # gate and up as one linear, then chunk (Phi-3's gate_up_proj): the op reads the weight's two halves
+            _rule("gate_up_silu_halves", True, 3, halves=True), _rule("gate_up_silu_halves", True, 2, halves=True),
+            _qkv_rule(3, True), _qkv_rule(2, True),
             _qkv_rule(3, False), _qkv_rule(2, False), _rule("linear", False, 3), _rule("linear", False, 2)]

@@ -6,7 +6,8 @@
 //       n = q.shape[1] // k.shape[1]                 # query heads per KV head (1: MHA)
 //       return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask, scale=scale)
 //
-// Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, on one CUDA device, one dtype in
+// Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0 (or one KV head broadcast to Hq with stride
+// 0, read as one group), on one CUDA device, one dtype in
 // {float16, bfloat16}, D in {64, 128, 256}, unit last-dim stride; k and v 16-byte aligned (every other
 // stride and the offset a multiple of 8 elements). mask: none, bool (True = attend), q's dtype or float32
 // (additive), broadcastable to [B,Hq,Lq,S]. Returns [B,Hq,Lq,D] in q's layout (empty_like(q)). A row the
@@ -587,7 +588,11 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   check_inputs(q, k, v, mask);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty_like(q);  // the fake's layout
-  const int64_t B = q.size(0), hq = q.size(1), lq = q.size(2), d = q.size(3), hkv = k.size(1), S = k.size(2);
+  const int64_t B = q.size(0), hq = q.size(1), lq = q.size(2), d = q.size(3), S = k.size(2);
+  // One KV head broadcast to every query head (stride 0 along the heads: repeat_kv's view of an MQA cache) is
+  // one group: its rows are read once for all the query heads, not once per head.
+  const bool broadcast = k.size(1) == hq && hq > 1 && k.stride(1) == 0 && v.stride(1) == 0;
+  const int64_t hkv = broadcast ? 1 : k.size(1);
   if (B == 0) return out;
   const int group = static_cast<int>(hq / hkv), rows = static_cast<int>(group * lq);
   // Rows per CTA: 4, 8 or 16 (the tensor-core tiles hold 16 rows whatever RT is; RT sizes the shared memory:
