@@ -152,7 +152,7 @@ def doctor_text() -> str:
     from shutil import which
     lines.append(f"nvcc: {which('nvcc') or 'not found (needed once, to build the kernels)'}")
     inc = _ext.cutlass_include()
-    lines.append(f"CUTLASS headers: {inc[0] if inc else 'not found (pip install "fusekit[cuda]": the matmul epilogue kernels need them)'}")
+    lines.append(f"CUTLASS headers: {inc[0] if inc else 'not found (pip install fusekit[cuda]: the matmul epilogue kernels need them)'}")
     lines.append("")
     patterns = table.all_patterns()
     if cuda:

@@ -133,38 +133,6 @@ class Prompt:
         return fn(self.tokens, past_key_values=self.cache, cache_position=self.pos, use_cache=True).logits
 
 
-def step_variants(st: Step, variants: list[tuple[str, Callable[..., Any], dict[str, str]]], rounds: int = 3
-                  ) -> tuple[dict[str, list[float]], dict[str, torch.Tensor], dict[str, float]]:
-    """A/B probes of one step (benchmarks/probes): each (name, compiled model, environment) captured as a CUDA graph
-    with that environment set (fusekit's launches read FUSEKIT_* at each launch, so at the capture), from the same
-    cache state at ``st.position``; its logits from two replays; ``rounds`` interleaved rounds of do_bench medians.
-    Returns (ms per round, logits, max |replay 1 - replay 2|), each by name."""
-    from triton.testing import do_bench
-
-    from .cuda_graphs import capture_output
-
-    keys = {k for _, _, env in variants for k in env}
-    graphs = {}
-    for name, fn, env in variants:
-        st.restore()  # each captured with its own switches, the others' unset
-        graphs[name] = capture_output(st.repeated(fn), {k: env.get(k) for k in keys})
-        assert graphs[name][0] is not None, f"{name}: the step could not be captured"
-    outs, noise = {}, {}
-    for name, (g, out) in graphs.items():
-        got = []
-        for _ in range(2):
-            st.restore()
-            st.at(st.position)
-            g.replay()
-            got.append(out.float().clone())
-        outs[name], noise[name] = got[0], (got[0] - got[1]).abs().max().item()
-    times: dict[str, list[float]] = {k: [] for k in graphs}
-    for _ in range(rounds):
-        for name, (g, _) in graphs.items():
-            times[name].append(do_bench(g.replay, warmup=25, rep=200, return_mode="median"))
-    return times, outs, noise
-
-
 def copy_bandwidth(device: str) -> float:
     """Bytes/s of a 1 GiB device-to-device copy (read + write), triton's do_bench median."""
     from triton.testing import do_bench
