@@ -35,7 +35,7 @@ Writes bench.md, bench.json, bench.png (prefill) and decode.md, decode.json, dec
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import e2e, models
 
-    names = a.models.split(",") if a.models else list(models.MODELS)
+    names = a.models.split(",") if a.models else list(models.DEFAULT)
     modes = tuple(a.modes.split(",")) if a.modes else e2e.MODES
     bad = [m for m in names if m not in models.MODELS] + [m for m in modes if m not in e2e.MODES]
     if bad:
@@ -212,13 +212,16 @@ def cmd_doctor(a: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from . import models
+
     ap = argparse.ArgumentParser(prog="fusekit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="end-to-end transformer benchmark on a GPU (eager / Inductor / fusekit); "
                        "without one, a flow check on CPU (nothing timed)", description=BENCH_DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("--models", default=None, help="comma-separated (default: all)")
+    b.add_argument("--models", default=None, help="comma-separated of " + ", ".join(models.MODELS) + " (default: "
+                   + ", ".join(models.DEFAULT) + ")")
     b.add_argument("--modes", default=None, help="GPU: comma-separated of eager,inductor,fusekit,fusekit-ro "
                    "(default: all); the CPU flow check runs eager and fusekit")
     b.add_argument("--batch", type=int, default=None)

@@ -21,6 +21,7 @@ class ModelSpec:
     seq: int
     encoder: bool                     # no decode step (takes a padding attention_mask unless vision)
     vision: bool = False              # takes pixel_values [B, 3, H, W]; seq = patches + 1
+    default: bool = True              # run when `fusekit bench` is given no --models
 
     def build(self, tiny: bool) -> Any:
         import transformers
@@ -60,7 +61,21 @@ MODELS = {m.name: m for m in [
                    num_key_value_heads=4, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
                    sliding_window=1024),
               dict(_TINY_DECODER, sliding_window=16), torch.bfloat16, 4, 512, False),
+    # Architectures beyond the Llama shape, at their real layer widths (layers cut to 8); run when named in --models
+    ModelSpec("gemma", "Gemma-style (2B widths), 8 layers, MQA 8/1, head dim 256, GeGLU", "GemmaConfig",
+              "GemmaForCausalLM",
+              dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=8, num_attention_heads=8,
+                   num_key_value_heads=1, head_dim=256, vocab_size=256000, max_position_embeddings=8192),
+              dict(_TINY_DECODER, num_key_value_heads=1), torch.bfloat16, 4, 512, False, default=False),
+    ModelSpec("phi3", "Phi-3-mini-style, 8 layers, MHA 32/32, head dim 96, fused qkv and gate_up", "Phi3Config",
+              "Phi3ForCausalLM",
+              dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=8, num_attention_heads=32,
+                   num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096, pad_token_id=0),
+              dict(_TINY_DECODER, num_key_value_heads=4, head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+              torch.bfloat16, 4, 512, False,
+              default=False),
 ]}
+DEFAULT = [n for n, m in MODELS.items() if m.default]
 TINY = dict(batch=2, seq=32)
 
 
