@@ -1,5 +1,5 @@
 """Build, cache and load the CUDA kernels in csrc/ (``fusekit_cuda``): one ``csrc/<family>/<op>.cu`` per op,
-in a folder named after its pattern family, and the headers they share at the top (``fusekit.h``).
+in a folder named after its pattern family, and the headers they share at the top (``checks.h``, ``launch.cuh``, ...).
 
 Built at install time where the install can (setup.py: ``pip install --no-build-isolation`` with a CUDA
 build of torch and nvcc), ahead of time with ``python -m fusion_backend.build``, else on first use, with

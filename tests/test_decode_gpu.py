@@ -138,7 +138,7 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
 
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])
 def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
-    """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (fusekit.h: they may start
+    """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (csrc/pdl.cuh: they may start
     while the kernel before them finishes, and wait before reading). Here that kernel is a long reduction that
     writes the op's input last; in a CUDA graph replayed on new data, the op must read the new input: its output
     equals a direct call's on that input, and the graph captured without PDL (FUSEKIT_PDL=0), bit for bit."""
