@@ -70,8 +70,8 @@ OPS = {
     # the same attention for many query rows (a prompt): grouped KV heads read as they are, no repeat_kv copy
     "gqa_attention": OpSpec("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
                             any_strides=True, out_like_first=True, cuda_dtypes=HALF),
-    # the linears of a few rows: x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T); "silu_mul_halves":
-    # w [2N, K] holds gate then up rows, silu(x w[:N]^T) * (x w[N:]^T)
+    # the linears of a few rows: x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T); "gelu_tanh_mul":
+    # gelu_tanh(x w^T) * (x w2^T); "silu_mul_halves": w [2N, K] holds gate then up rows, silu(x w[:N]^T) * (x w[N:]^T)
     "decode_linear": OpSpec("decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor", cuda_dtypes=HALF),
     # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
     "decode_qkv": OpSpec("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
@@ -226,7 +226,8 @@ torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa
 def _(x, w, w2, act):
     torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1],
                  lambda: f"decode_linear: want x [..., K], w [N, K]; got {tuple(x.shape)}, {tuple(w.shape)}")
-    torch._check((act == "silu_mul") == (w2 is not None) and act in ("none", "silu_mul", "silu_mul_halves"),
+    torch._check((act in ("silu_mul", "gelu_tanh_mul")) == (w2 is not None)
+                 and act in ("none", "silu_mul", "gelu_tanh_mul", "silu_mul_halves"),
                  lambda: f"decode_linear: act {act!r} with w2 {'given' if w2 is not None else 'None'}")
     halves = act == "silu_mul_halves"
     torch._check(not halves or w.shape[0] % 2 == 0, lambda: f"decode_linear: {act} needs an even N, got {w.shape[0]}")

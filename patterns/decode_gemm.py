@@ -3,7 +3,8 @@
 In a decode step (M = batch x new tokens rows) every linear is one pass over its weight, and the step is
 mostly that pass: Llama-style b32 at position 1024 spent 0.51 ms of 0.99 in cuBLAS for 0.28 ms of weight
 bytes (H100). SwiGLU's gate and up projections are two such passes and an elementwise kernel; the op reads both
-weights in one launch and writes silu(gate) * up.
+weights in one launch and writes silu(gate) * up (GeGLU: gelu_tanh(gate) * up; a fused gate_up projection split in
+halves: the same, from the weight's two halves).
 
 q, k and v are three linears of one input: ``fusekit::decode_qkv`` reads the three weights in one launch (with
 Qwen2's biases: the ``qkv_bias`` rules, whose linears are addmm). Against cuBLAS's three calls (H100): Llama-style
@@ -47,6 +48,8 @@ def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str =
     if act == "silu_mul_halves":  # one [2N, K] weight of gate rows then up rows (Phi-3's gate_up_proj)
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up
+    if act == "gelu_tanh_mul":  # GeGLU (Gemma)
+        return F.gelu(y, approximate="tanh") * F.linear(x, w2)
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
 
 
@@ -152,8 +155,8 @@ GPU_CASES = {3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 
              2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1032, 24))}
 
 
-def _rule(name: str, gated: bool, rank: int, halves: bool = False) -> Pattern:
-    static = {"act": "silu_mul_halves", "w2": None} if halves else {"act": "silu_mul"} if gated else \
+def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "silu_mul") -> Pattern:
+    static = {"act": "silu_mul_halves", "w2": None} if halves else {"act": act} if gated else \
         {"act": "none", "w2": None}
     weights = ("w", "w2") if gated and not halves else ("w",)
     make = _inputs(gated, halves)
@@ -217,6 +220,9 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
 
 
 PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
+            # GeGLU's gate and up (Gemma: gelu_pytorch_tanh), the same kernel with its tanh-GELU epilogue
+            _rule("gate_up_gelu_tanh", True, 3, act="gelu_tanh_mul"),
+            _rule("gate_up_gelu_tanh", True, 2, act="gelu_tanh_mul"),
             # gate and up as one linear, then chunk (Phi-3's gate_up_proj): the op reads the weight's two halves
             _rule("gate_up_silu_halves", True, 3, halves=True), _rule("gate_up_silu_halves", True, 2, halves=True),
             _qkv_rule(3, True), _qkv_rule(2, True),

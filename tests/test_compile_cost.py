@@ -39,8 +39,9 @@ def test_near_misses_of_reused_intermediates_only_for_a_report():
         t = q * k
         return t + v, t  # the product has a second user: mul_add cannot fire
     args = [torch.randn(4, 8) for _ in range(3)]
-    quiet = fusion_backend.explain(f, *args, options={**CPU, "report": False})
-    full = fusion_backend.explain(f, *args, options=CPU)
+    named = {**CPU, "patterns": ["elementwise.mul_add"]}  # an opt-in rule: its near misses show where named
+    quiet = fusion_backend.explain(f, *args, options={**named, "report": False})
+    full = fusion_backend.explain(f, *args, options=named)
     assert quiet.sites["elementwise.mul_add"] == full.sites["elementwise.mul_add"] == 0
     assert quiet.match_attempts == full.match_attempts > 0  # the cheap counts are always kept
     assert not quiet.near_misses and not quiet.graphs[0].graph_code

@@ -6,13 +6,15 @@
 //       if act == "silu_mul_halves":                             # w [2N, K]: gate rows, then up rows
 //           gate, up = y.chunk(2, dim=-1)
 //           return F.silu(gate) * up
+//       if act == "gelu_tanh_mul":                               # GeGLU's gate and up
+//           return F.gelu(y, approximate="tanh") * F.linear(x, w2)
 //       return y if act == "none" else F.silu(y) * F.linear(x, w2)   # "silu_mul": SwiGLU's gate and up
 //
 // Contract: x [..., K] contiguous, w (and w2) [N, K] contiguous, one CUDA device, one dtype in {float16,
 // bfloat16}, K and N multiples of 8 (silu_mul_halves: N / 2), 16-byte aligned data. Any number of rows M (the
 // product of x's leading dims); the kernel is built for few (decode: M = batch x new tokens). Returns [..., N]
 // contiguous, x's dtype.
-// Float32 accumulation; "silu_mul" rounds the two products, silu(gate) and the result to x's dtype, as eager.
+// Float32 accumulation; the gated acts round the two products, act(gate) and the result to x's dtype, as eager.
 //
 // The kernel, why it is shaped so and what it measured: decode_linear.cuh.
 #include <ATen/core/Tensor.h>
@@ -37,12 +39,13 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
                               c10::string_view act) {
   constexpr const char* kOp = "decode_linear";
   check_x(x, kOp);
-  TORCH_CHECK(act == "none" || act == "silu_mul" || act == "silu_mul_halves",
-              "fusekit: decode_linear: act must be 'none', 'silu_mul' or 'silu_mul_halves', got '", std::string(act),
-              "'");
-  const bool halves = act == "silu_mul_halves", gated = act == "silu_mul" || halves;
-  TORCH_CHECK((act == "silu_mul") == w2.has_value(), "fusekit: decode_linear: w2 is needed by act='silu_mul' and only "
-              "by it");
+  TORCH_CHECK(act == "none" || act == "silu_mul" || act == "gelu_tanh_mul" || act == "silu_mul_halves",
+              "fusekit: decode_linear: act must be 'none', 'silu_mul', 'gelu_tanh_mul' or 'silu_mul_halves', got '",
+              std::string(act), "'");
+  const bool halves = act == "silu_mul_halves", two = act == "silu_mul" || act == "gelu_tanh_mul";
+  const bool gated = two || halves;
+  TORCH_CHECK(two == w2.has_value(), "fusekit: decode_linear: w2 is needed by act='silu_mul' and 'gelu_tanh_mul', and "
+              "only by them");
   check_weight(x, w, kOp, "w");
   if (halves) TORCH_CHECK(w.size(0) % 16 == 0, "fusekit: decode_linear: silu_mul_halves needs N / 2 a multiple of 8; "
                           "got ", describe(w));
@@ -50,7 +53,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
   // contiguous [N, K] block, as two weights would be.
   const at::Tensor wg = halves ? w.narrow(0, 0, w.size(0) / 2) : w;
   const at::Tensor wu = halves ? w.narrow(0, w.size(0) / 2, w.size(0) / 2) : gated ? *w2 : at::Tensor();
-  if (act == "silu_mul") {
+  if (two) {
     check_weight(x, *w2, kOp, "w2");
     TORCH_CHECK(w2->size(0) == w.size(0), "fusekit: decode_linear: w and w2 must have one shape; got ", describe(w),
                 ", ", describe(*w2));
@@ -64,6 +67,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
   p.x = x.data_ptr(), p.w[0] = wg.data_ptr(), p.w[1] = gated ? wu.data_ptr() : nullptr, p.out[0] = out.data_ptr();
   p.n[0] = static_cast<int>(N), p.parts = 1;
   p.m = static_cast<int>(M), p.k = static_cast<int>(K);
+  p.act = act == "gelu_tanh_mul" ? kGeluTanhMul : kSiluMul;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto dispatch = [&](auto tag) {
     using T = decltype(tag);

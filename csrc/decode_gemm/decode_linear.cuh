@@ -34,7 +34,7 @@
 
 #include "checks.h"       // FK_CHECK_CUDA, describe, aligned16
 #include "convert.cuh"    // to_float, from_float
-#include "fast_math.cuh"  // fast_silu
+#include "fast_math.cuh"  // fast_silu, fast_gelu_tanh
 #include "launch.cuh"     // binary_version, launch_ex
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -76,7 +76,8 @@ __device__ __forceinline__ float round_to(float x) { return to_float(from_float<
 
 constexpr int kMaxParts = 3;
 
-// NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = silu(x w[0]^T) * (x w[1]^T).
+// NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = act(x w[0]^T) * (x w[1]^T), act SiLU
+// (SwiGLU) or tanh-GELU (GeGLU) by `act`.
 // NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T (+ bias[i] where not null); part i
 // owns the column tiles (8 NB columns each) [tile_end[i-1], tile_end[i]) of the grid's x (set by launch).
 struct Params {
@@ -88,7 +89,10 @@ struct Params {
   int tile_end[kMaxParts];
   int parts;
   int m, k;
+  int act;  // NW = 2: kSiluMul or kGeluTanhMul
 };
+
+enum GatedAct : int { kSiluMul = 0, kGeluTanhMul = 1 };
 
 // Its part's index, selected with constant indices (a run-time index into the parameters would go through
 // local memory).
@@ -111,10 +115,11 @@ inline int set_tile_ends(Params& p, int cols) {
   return tiles;
 }
 
-// SwiGLU's epilogue, rounded as eager: silu(gate) * up with both products, and silu's result, in T.
+// The gated epilogue (SwiGLU, GeGLU), rounded as eager: act(gate) * up with both products, and act's result, in T.
 template <typename T>
-__device__ __forceinline__ float silu_mul(float gate, float up) {
-  return round_to<T>(fast_silu(round_to<T>(gate))) * round_to<T>(up);
+__device__ __forceinline__ float gated_act(int act, float gate, float up) {
+  const float g = round_to<T>(gate);
+  return round_to<T>(act == kGeluTanhMul ? fast_gelu_tanh(g) : fast_silu(g)) * round_to<T>(up);
 }
 
 // ---- the end of a K split over a thread-block cluster (the split-K and TMA kernels) ----
@@ -125,8 +130,8 @@ constexpr int kMaxClusterSplits = 8;       // the portable cluster size
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Cluster (1, S, 1), S = gridDim.y, rank = blockIdx.y; each CTA's float32 partial tile of its 64 columns is in its
 // shared memory, weight w's [x row][column] at red + w * R * kRedStride. This CTA sums its share (column pairs
-// rank, rank + S, ... of each row) over the ranks in rank order (deterministic), applies the epilogue (silu-mul of
-// the two weights, or the bias), rounds once and stores; then no CTA leaves while another still reads its memory.
+// rank, rank + S, ... of each row) over the ranks in rank order (deterministic), applies the epilogue (the gated
+// activation of the two weights, or the bias), rounds once and stores; then no CTA leaves while another still reads its memory.
 template <typename T, int NW, int R, int kThreads>
 __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0, const float* red) {
   namespace cg = cooperative_groups;
@@ -160,7 +165,7 @@ __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0
       }
     }
     float y0 = s[0].x, y1 = s[0].y;
-    if constexpr (NW == 2) y0 = silu_mul<T>(s[0].x, s[1].x), y1 = silu_mul<T>(s[0].y, s[1].y);
+    if constexpr (NW == 2) y0 = gated_act<T>(p.act, s[0].x, s[1].x), y1 = gated_act<T>(p.act, s[0].y, s[1].y);
     if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
     T* o = out + static_cast<int64_t>(row) * n + n0 + col;
     o[0] = from_float<T>(y0);
@@ -257,7 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
     }
     if (row < p.m && col < n) {
       float y = s[0];
-      if constexpr (NW == 2) y = silu_mul<T>(s[0], s[1]);
+      if constexpr (NW == 2) y = gated_act<T>(p.act, s[0], s[1]);
       if (bias != nullptr) y += to_float(bias[col]);  // one rounding, as cuBLAS's bias epilogue (addmm)
       out[static_cast<int64_t>(row) * n + col] = from_float<T>(y);
     }
