@@ -19,6 +19,7 @@ def f_exp(x, y):
     return torch.exp((x + y) * 2)
 
 
+@pytest.mark.slow
 def test_entry_point_in_fresh_process():
     code = textwrap.dedent("""
         import sys, torch
@@ -275,6 +276,7 @@ def test_decode_inductor_settings_offered_on_hopper_unless_set(monkeypatch, capa
     assert not set(DECODE_INDUCTOR) & set(seen), seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decode", [True, False])
 def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeypatch, decode):
     """The pass sets Inductor's decode settings (triton.enable_pdl, combo_kernels, ...) for the rest of a compile
@@ -315,6 +317,7 @@ def test_pass_sets_decode_inductor_settings_where_decode_attention_fired(monkeyp
     assert {k: inductor_config_value(k) for k in keys} == before
 
 
+@pytest.mark.slow
 def test_compiles_again_without_the_decode_settings_if_inductor_fails_with_them(monkeypatch, caplog):
     """Where Inductor fails after the pass set the decode family's settings (simulated: a user post pass, which runs after
     fusekit's, raises while combo_kernels is on), the backend compiles the graph again without them: the step runs

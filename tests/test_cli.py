@@ -237,6 +237,7 @@ def test_every_model_builds_tiny():
             assert models.first_output(m(**inputs)).shape[:2] == (2, desc["seq"]), name
 
 
+@pytest.mark.slow
 def test_examples_benchmark_script_is_the_command():
     out = subprocess.run([sys.executable, "examples/benchmark_transformer.py", "--help"], capture_output=True,
                          text=True, check=True).stdout

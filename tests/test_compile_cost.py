@@ -49,6 +49,7 @@ def test_near_misses_of_reused_intermediates_only_for_a_report():
     assert "fusekit.mul_add" not in full.graphs[0].graph_code and "aten.mul" in full.graphs[0].graph_code
 
 
+@pytest.mark.slow
 def test_new_process_loads_traced_patterns_instead_of_tracing(tmp_path):
     """The first process traces and writes the disk cache; a second one, where tracing would raise, loads
     it and fuses the same."""

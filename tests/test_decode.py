@@ -20,7 +20,7 @@ def _fusekit(model):
     return torch.compile(model, backend=backend(options={"cpu_reference": True}))
 
 
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", [n if n == "llama" else pytest.param(n, marks=pytest.mark.slow) for n in DECODERS])
 def test_decode_step_fires_and_matches_inductor(name):
     st = decode_bench.Step(name, "cpu", 2, 64)
     layers = st.model.config.num_hidden_layers
@@ -47,6 +47,7 @@ def test_decode_step_fires_and_matches_inductor(name):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_caches_over_20_steps_as_eager(name):
     """20 steps from position 10: fusekit's compiled step and eager write the same cache rows (the
@@ -71,6 +72,7 @@ def test_caches_over_20_steps_as_eager(name):
         torch.testing.assert_close(lf.values, le.values, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_greedy_64_tokens_as_inductor(name):
     """A 64-token greedy loop (one compiled step per token) gives Inductor's tokens."""
@@ -90,6 +92,7 @@ def test_greedy_64_tokens_as_inductor(name):
     assert torch.equal(toks["fusekit"], toks["inductor"])
 
 
+@pytest.mark.slow
 def test_decode_reads_the_cache_buffers_in_place():
     """In the code Inductor generates, each decode_attention call reads the cache inputs themselves (the new
     row written into them in place): no repeat_kv copy and no copy of the cache is left."""

@@ -4,6 +4,8 @@ family back (the table above both puts the families in order)."""
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -117,6 +119,7 @@ def test_the_engine_names_no_family():
             assert not hit, f"{f.name}:{t.start[0]}: {t.string[:80]!r} names {hit}"
 
 
+@pytest.mark.slow
 def test_a_new_family_is_files_in_patterns_only(tmp_path):
     """A family whose rule reuses an op: a new patterns/<family>.py and one line in patterns/__init__.py, no
     engine file; the rule is then found, matched and fused (a copy of patterns/ holds the change)."""

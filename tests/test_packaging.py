@@ -22,6 +22,7 @@ def test_installed_package_resolves_top_level_patterns():
     assert _ext.csrc_dir() is not None and any(_ext.csrc_dir().glob("*/*.cu"))
 
 
+@pytest.mark.slow
 def test_build_module_runs_from_a_checkout_not_yet_installed():
     """setup.py runs `python -m fusion_backend.build --patterns-only` from the checkout before pip has installed
     it (no mapping of fusion_backend.patterns yet): the package must import, and the build find the tables."""
@@ -33,6 +34,7 @@ def test_build_module_runs_from_a_checkout_not_yet_installed():
     assert int(r.stdout.split()[-1]) > 40
 
 
+@pytest.mark.slow
 @pytest.mark.packaging
 def test_wheel_contains_patterns_and_csrc(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",

@@ -155,6 +155,7 @@ def test_cpu_needs_cpu_reference(p, dtype):
     assert any(m.pattern == p.id and "cpu_reference" in m.reason for m in rep.near_misses), str(rep)
 
 
+@pytest.mark.slow
 def test_every_scalar_binds():
     """Each float/int parameter survives tracing as its own argument (a KeywordArg of the search pattern, not a
     literal baked in) in every dtype."""

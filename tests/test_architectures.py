@@ -1,0 +1,106 @@
+"""One decode step of a tiny random configuration of each decoder family transformers serves, on CPU with
+cpu_reference: the rules expected of the family fire at every layer, and the logits match eager. Losing an
+architecture's rules (a transformers change, a guard too strict) fails here. The layer widths are tiny; the head dims,
+head groupings, MLP forms and projections are the families' own."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import fusion_backend  # noqa: E402
+from fusion_backend.tools.decode_bench import length_counters  # noqa: E402
+
+LAYERS = 2
+_BASE = dict(num_hidden_layers=LAYERS, vocab_size=512, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2)
+_LLAMA = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+# family: (config class, model class, config kwargs, {rule: sites expected: one per layer})
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA,
+              {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA,
+              {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu": 1}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _LLAMA,  # QK-norm per head
+              {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(_LLAMA, sliding_window=32),
+                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(_LLAMA, head_dim=None),
+                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(_LLAMA, head_dim=None),  # parallel attention + MLP
+               {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_LLAMA, num_local_experts=4, num_experts_per_tok=2),
+                {"decode.gqa": 1, "decode_gemm.qkv": 1}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_LLAMA, num_key_value_heads=1),  # MQA, GeGLU
+              {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA, num_key_value_heads=1, sliding_window=32),
+               {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),  # fused projections
+             {"decode_gemm.gate_up_silu_halves": 1}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),  # MHA
+              {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),
+                 {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=256, intermediate_size=512,
+                                                              num_attention_heads=4), {"decode.mha": 1}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256),
+             {"decode.mha": 1, "elementwise.gelu_tanh": 1}),
+}
+
+
+def _model(name):
+    import transformers
+
+    cfg_cls, model_cls, kw, _ = ARCHS[name]
+    kw = {k: v for k, v in {**(_BASE if name != "gpt2" else dict(vocab_size=512)), **kw}.items() if v is not None}
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    torch.manual_seed(0)
+    return cfg, getattr(transformers, model_cls)(cfg).eval()
+
+
+def _snapshot(cache):
+    """A function that puts `cache` back as it is now: its rows, the length counters of caches that count their own
+    (a tensor each step advances in place), and a sliding-window layer's Python int."""
+    layers = list(getattr(cache, "layers", ()))
+    rows = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
+    counters = length_counters(cache)
+    saved = [n.clone() for n in counters]
+    ints = [(layer, layer.cumulative_length_int) for layer in layers
+            if isinstance(getattr(layer, "cumulative_length_int", None), int)]
+
+    def restore():
+        for layer, (k, v) in zip(layers, rows):
+            layer.keys.copy_(k)
+            layer.values.copy_(v)
+        for n, s in zip(counters, saved):
+            n.copy_(s)
+        for layer, i in ints:
+            layer.cumulative_length_int = i
+
+    return restore
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_decode_step_rules_fire_at_every_layer(name):
+    from transformers import StaticCache
+
+    cfg, model = _model(name)
+    expected = ARCHS[name][3]
+    cache = StaticCache(config=cfg, max_cache_len=64)
+    tok = torch.randint(3, 512, (2, 1))
+    pos = torch.tensor([40])
+    with torch.no_grad():
+        model(tok, past_key_values=cache, cache_position=torch.tensor([0]), use_cache=True)  # allocates the cache
+        for layer in getattr(cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
+            for t in (layer.keys, layer.values):
+                t.normal_(0, 0.5)
+        restore = _snapshot(cache)  # each step writes the cache (a full sliding window rolls) and advances counters
+        want = model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+        restore()
+        rep = fusion_backend.explain(model, tok, past_key_values=cache, cache_position=pos, use_cache=True,
+                                     options={"cpu_reference": True})
+    assert not rep.errors, str(rep)
+    for rule, per_layer in expected.items():
+        assert rep.sites[rule] == per_layer * LAYERS, f"{name}: {rule}\n{rep}"
+    torch.testing.assert_close(rep.output.logits, want, atol=1e-4, rtol=1e-4)
