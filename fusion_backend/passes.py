@@ -17,7 +17,7 @@ import logging
 import operator
 import pathlib
 import time
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch._inductor import config as inductor_config

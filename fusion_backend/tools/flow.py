@@ -296,8 +296,8 @@ def prefill_markdown(results: list[dict], env: dict) -> str:
 
 def decode_markdown(results: list[dict], gens: list[dict], env: dict) -> str:
     lines = _header(env, " --phase decode") + [
-        f"One decode step (one new token per sequence) against a StaticCache whose every slot holds a row, at each "
-        f"position, eager and fusekit from the same cache state.", "",
+        "One decode step (one new token per sequence) against a StaticCache whose every slot holds a row, at each "
+        "position, eager and fusekit from the same cache state.", "",
         "| model | batch | positions / cache slots | fusekit sites fired | errors | near misses | logits vs eager | "
         "next token = eager's | check | compile s | graphs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
