@@ -1,8 +1,8 @@
 """Inductor's pad_mm, undone for matching and redone where nothing matched.
 
 On CUDA, pad_mm rewrites a misaligned fp16/bf16 ``(b)mm(a, b)`` as ``slice(bmm(pad(a), pad(b)))`` (zeros on
-the right, the product sliced back; ``addmm(bias, a, b)`` likewise, rows included: a decode step's q/k/v with
-Qwen2's biases at 6 rows arrives as ``slice(addmm(bias, pad(x), w.T))``) wherever its on-device benchmark finds
+the right, the product sliced back; ``addmm(bias, a, b)`` likewise, rows included: a 6-row q/k/v projection with
+Qwen2's biases arrives as ``slice(addmm(bias, pad(x), w.T))``) wherever its on-device benchmark finds
 that faster: per matmul, per machine, so it varies from run to run. A rule's chain then holds pads for some of
 its matmuls and not for others, in any combination. The pass therefore matches on the unpadded graph: ``strip``
 turns every exact pad_mm rewrite back into the plain matmul (the same product: zero rows and columns added, then
