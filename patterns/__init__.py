@@ -1,6 +1,6 @@
 """fusekit's pattern tables, one module per family. Ships as ``fusion_backend.patterns``."""
 from .attention import PATTERNS as ATTENTION
-from .decode import INDUCTOR as DECODE_INDUCTOR, PATTERNS as DECODE, PREFILL  # two families, one module
+from .decode import INDUCTOR as DECODE_INDUCTOR, LIMITS as DECODE_LIMITS, PATTERNS as DECODE, PREFILL  # one module
 from .decode_gemm import PATTERNS as DECODE_GEMM
 from .batched_matmul import PATTERNS as BATCHED_MATMUL
 from .elementwise import PATTERNS as ELEMENTWISE
@@ -15,3 +15,6 @@ PATTERNS = [*DECODE, *PREFILL, *ATTENTION, *BATCHED_MATMUL, *DECODE_GEMM, *QUANT
 
 # Inductor settings a family needs where one of its rules fired (registry.InductorSettings).
 INDUCTOR = {"decode": DECODE_INDUCTOR}
+
+# What a family's kernels do not take (shapes that stay Inductor's), as `fusekit doctor` lists it.
+LIMITS = (*DECODE_LIMITS,)

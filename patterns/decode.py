@@ -178,6 +178,14 @@ def broadcast_kv_heads(q: str, k: str, v: str) -> G.Guard:
     return G.Guard(f"broadcast_kv_heads({k}, {v})", check, quiet=True)
 
 
+# What the family's kernels do not take, for `fusekit doctor` (those sites stay Inductor's).
+LIMITS = (
+    f"decode.*: head dims {', '.join(map(str, HEAD_DIMS))}; other head dims public decoders use (80, 96, 112, 160, "
+    f"192) stay Inductor's; at most {MAX_QUERY} query rows; without grouped heads (MHA) opt-in",
+    "prefill.*: head dims 64 and 128, grouped heads only, a prompt against a cache at least twice its length",
+)
+
+
 # ---- test inputs -----------------------------------------------------------------------------------
 # case = (B, Hq, Hkv, Lq, S, D, mask: "float" [B,1,Lq,S] | "bool" [B,1,Lq,S] | "none"); Hkv = 0: one KV head
 # broadcast to the Hq query heads (stride 0), as repeat_kv leaves an MQA cache

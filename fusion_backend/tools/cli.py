@@ -200,6 +200,10 @@ def doctor_text() -> str:
             whole = {f for f in map(family, ids) if sum(family(i) == f for i in ids) == sizes[f]}
             named = [f"{f}.* ({sizes[f]} rules)" for f in sorted(whole)] + [i for i in ids if family(i) not in whole]
             lines.append(f"  {', '.join(named)}: {why}")
+    from ..patterns import LIMITS
+
+    lines.append("limits (these sites stay Inductor's):")
+    lines += [f"  {line}" for line in LIMITS]
     if not cuda:
         lines.append("this machine: every rule, in every dtype it takes, runs on CPU with options={'cpu_reference': "
                      "True}, as a reference implementation (to check the flow: `fusekit bench`), not for speed")
