@@ -14,11 +14,15 @@ from conftest import CPU  # noqa: E402
 import fusion_backend  # noqa: E402
 from fusion_backend.tools import models  # noqa: E402
 
-# Measured on the tiny bench models (CPU, torch 2.13, fp32/fp16/bf16): at most 5.1 match attempts per graph
-# node (GPT-2 prefill in fp16, the decode family included; 4.8 without it; fp32 3.3; 12-layer GPT-2: 2.2),
-# where one PatternMatcherPass per rule, every entry offered at every node of its anchor op, made about 220.
-# The bound leaves room for new rules, not for that again.
-MAX_ATTEMPTS_PER_NODE = 6.0
+# Measured on the tiny bench models (CPU, torch 2.13, fp32/fp16): at most 6.6 match attempts per graph node
+# (GPT-2 prefill in fp16: 806 over 123 nodes, 500 of them the elementwise family's; 5.1 before the MQA, GeGLU
+# and fused gate_up rules), where one PatternMatcherPass per rule, every entry offered at every node of its
+# anchor op, made about 220. The bound leaves room for new rules, not for that again.
+MAX_ATTEMPTS_PER_NODE = 8.0
+
+# Prefill graphs where no default rule fires on CPU, so the count is checked without the "still fuses" half:
+# Phi-3's fused gate_up_proj is a decode-step rule (64 rows here) and its MHA head dim 96 has no kernel.
+NOTHING_FIRES_IN_PREFILL = {"phi3"}
 
 
 @pytest.mark.slow
@@ -30,7 +34,10 @@ def test_match_attempts_per_node_are_bounded(name, dtype):
         rep = fusion_backend.explain(model, **inputs, options=CPU)
     nodes = sum(g.nodes_before for g in rep.graphs)
     print(name, dtype, rep.match_attempts, "attempts over", nodes, "nodes")
-    assert rep.total_sites >= 2, str(rep)  # it still fuses (one site per layer)
+    if name in NOTHING_FIRES_IN_PREFILL:
+        assert rep.total_sites == 0, str(rep)  # a rule that starts firing here moves the model out of the set
+    else:
+        assert rep.total_sites >= 2, str(rep)  # it still fuses (one site per layer)
     assert 0 < rep.match_attempts <= MAX_ATTEMPTS_PER_NODE * nodes, (rep.match_attempts, nodes)
 
 
