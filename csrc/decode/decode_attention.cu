@@ -8,7 +8,7 @@
 //
 // Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0 (or one KV head broadcast to Hq with stride
 // 0, read as one group), on one CUDA device, one dtype in
-// {float16, bfloat16}, D in {64, 128, 256}, unit last-dim stride; k and v 16-byte aligned (every other
+// {float16, bfloat16}, D in {64, 80, 96, 112, 128, 160, 192, 256}, unit last-dim stride; k and v 16-byte aligned (every other
 // stride and the offset a multiple of 8 elements). mask: none, bool (True = attend), q's dtype or float32
 // (additive), broadcastable to [B,Hq,Lq,S]. Returns [B,Hq,Lq,D] in q's layout (empty_like(q)). A row the
 // mask hides entirely (-inf or False everywhere) gives 0, as PyTorch's SDPA kernels do. Accumulates in float32.
@@ -30,6 +30,8 @@
 // combines them. Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
 // prefix of a long cache still spreads over many CTAs. Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
 // sm_90+ each kernel launches with programmatic dependent launch (pdl.cuh) and waits before its first access.
+// A head dim between the tiles' sizes (80, 96, 112; 160, 192) runs the kernel of the next one up (128; 256) with
+// the columns past D never copied, multiplied or written: the bytes read are D's, the tensor-core steps D / 16.
 // Why so: on CUDA cores the kernel issues ~2,900 instructions per warp at batch 32 (Nsight Compute: 64%
 // issue-active, 46% of DRAM bandwidth); on tensor cores it is 1.0-1.4x faster, and q read late, copies with
 // fixed per-thread offsets, and scale and mask applied in the softmax pass instead of per block (SASS of the
@@ -68,6 +70,8 @@ constexpr int kBlockN = 64;     // keys per mask-skip block
 // and 64 of a 4-row group then take 8 splits instead of 16 (fewer CTAs that only read their mask; on an H100
 // the op alone is 1-2% faster at b32/b64, the b64 decode step 2.4%, the b32 step within 0.2%).
 constexpr int max_chunk(int d, int rt) { return rt == 4 && d <= 128 ? 512 : 256; }
+// The tile a head dim runs in: 64, 128 or 256 columns of shared memory (chunks of 8 a power of two, for the swizzle)
+constexpr int padded(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kHiddenLog2 = -60000.f * kLog2e;  // a mask value at or below -60000 (in log2 units) hides
 
@@ -140,7 +144,7 @@ constexpr int kStages = 2;  // of the K/V ring (four, with 3 CTAs per SM, are sl
 
 // CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
 template <int D, int RT>
-constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
+constexpr int min_ctas() { return padded(D) == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
 
 // One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= max_chunk keys). The
 // mask first (each distinct mask row once), then K and V of the visible blocks through a ring of kStages
@@ -148,20 +152,22 @@ constexpr int min_ctas() { return D == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; 
 // while the first blocks are in flight), on tensor cores: S = Q K^T with m16n8k16 (rows past RT are zeros), the
 // split's softmax in shared memory (scale and mask applied there, off the ring's path), O = P V with P rounded
 // to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums. Warp w computes keys [16w, 16w + 16) of each
-// block's scores and dims [w D/4, (w + 1) D/4) of the output.
+// block's scores and dims [w P/4, (w + 1) P/4) of the output (P = padded(D); dims past D: no work).
 template <typename T, int D, int RT>
 __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attention_kernel(const Params p) {
+  static_assert(D % 16 == 0 && D <= 256, "head dims are whole k-steps of m16n8k16");
   constexpr int NS = kStages;
-  constexpr int CPR = D / 8;                          // 16-byte chunks per key row
+  constexpr int P = padded(D);                        // a shared-memory row's columns (the tile's)
+  constexpr int CPR = P / 8;                          // 16-byte chunks per key row
   constexpr int RSTEP = kWarps * 32 / CPR;            // rows between one thread's copies
   constexpr int CPT = kBlockN / RSTEP;                // cp.async per thread per block
-  constexpr int MC = max_chunk(D, RT);
+  constexpr int MC = max_chunk(P, RT);
   constexpr int KPT = MC / (kWarps * 32);             // mask keys per thread per row
-  constexpr int DW = D / kWarps;                      // output dims per warp
+  constexpr int DW = P / kWarps;                      // output dims per warp
   constexpr int NT = DW / 8;                          // n-tiles of 8 dims per warp
   extern __shared__ __align__(16) float smem[];
-  T* stage = reinterpret_cast<T*>(smem);                             // [NS][kBlockN][D], swizzled
-  float* sc = smem + NS * kBlockN * D * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
+  T* stage = reinterpret_cast<T*>(smem);                             // [NS][kBlockN][P], swizzled
+  float* sc = smem + NS * kBlockN * P * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
   float* smask = sc + RT * p.chunk;                                  // [RT][chunk] distinct mask rows
   __shared__ float s_m[RT], s_l[RT];
   __shared__ int64_t s_moff[RT];
@@ -236,27 +242,29 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 
   // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
   // Thread tid copies chunk ccol of rows crow + i RSTEP of each block: its offsets are fixed but for the block.
+  // Chunks past D (a padded head dim) are never copied: no step below reads them.
   const int crow = tid / CPR, ccol = tid % CPR;
+  const bool copies = D == P || ccol < D / 8;
   const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + crow * p.ks2 + ccol * 8;
   const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + crow * p.vs2 + ccol * 8;
-  const int sw[2] = {crow * D + (ccol ^ (crow & 7)) * 8, crow * D + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
+  const int sw[2] = {crow * P + (ccol ^ (crow & 7)) * 8, crow * P + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
   const int items = 2 * nvis;
   const auto issue = [&](int item) {
-    if (item < items) {
+    if (item < items && copies) {
       const bool is_v = item >= nvis;
       const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
-      T* dst = stage + (item % NS) * kBlockN * D;
+      T* dst = stage + (item % NS) * kBlockN * P;
       const int64_t rs = is_v ? p.vs2 : p.ks2, step = RSTEP * rs;
       const T* src = (is_v ? vb : kb) + k0 * rs;
       if (k0 + kBlockN <= p.s) {  // a whole block of the cache
 #pragma unroll
-        for (int i = 0; i < CPT; ++i, src += step) cp_async16(dst + i * RSTEP * D + sw[i & 1], src, true);
+        for (int i = 0; i < CPT; ++i, src += step) cp_async16(dst + i * RSTEP * P + sw[i & 1], src, true);
       } else {  // the cache's last, partial block: rows past it are zero-filled (from a valid address)
         const T* safe = src - crow * rs;
         const int left = p.s - k0 - crow;  // copy i reads a key of the cache: i RSTEP < left
 #pragma unroll
         for (int i = 0; i < CPT; ++i, src += step) {
-          cp_async16(dst + i * RSTEP * D + sw[i & 1], i * RSTEP < left ? src : safe, i * RSTEP < left);
+          cp_async16(dst + i * RSTEP * P + sw[i & 1], i * RSTEP < left ? src : safe, i * RSTEP < left);
         }
       }
     }
@@ -295,13 +303,13 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     cp_async_wait<NS - 1>();
     __syncthreads();
     const int blk = nth_visible(item);
-    const T* st = stage + (item % NS) * kBlockN * D;
+    const T* st = stage + (item % NS) * kBlockN * P;
     float acc[2][4] = {};
     const int krow = warp * 16 + (ml >> 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       uint32_t kf[4];
-      ldsm_x4<false>(kf, st + krow * D + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
+      ldsm_x4<false>(kf, st + krow * P + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
       mma16816<T>(acc[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[0], kf[1]);
       mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
     }
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     cp_async_wait<NS - 1>();
     __syncthreads();  // (the first time: the probabilities too)
     const int blk = nth_visible(item - nvis);
-    const T* st = stage + (item % NS) * kBlockN * D;
+    const T* st = stage + (item % NS) * kBlockN * P;
 #pragma unroll
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
       uint32_t pa[4];  // A fragment of P, rounded to T (zeros past the CTA's rows)
@@ -364,8 +372,9 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
+        if (D != P && warp * DW + np * 16 >= D) break;  // past the head dim (warp-uniform)
         uint32_t vf[4];
-        ldsm_x4<true>(vf, st + vrow * D + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
+        ldsm_x4<true>(vf, st + vrow * P + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
         mma16816<T>(o[2 * np], pa[0], pa[1], pa[2], pa[3], vf[0], vf[1]);
         mma16816<T>(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], vf[2], vf[3]);
       }
@@ -385,6 +394,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int d = warp * DW + nt * 8 + 2 * t4;
+      if (D != P && d >= D) break;  // (D is a multiple of 16: d + 1 < D too)
       const float x = o[nt][2 * h], y = o[nt][2 * h + 1];
       if (p.splits == 1) {
         const float l = s_l[r];
@@ -408,36 +418,37 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 template <typename T, int D, int W>
 __device__ void recompute_row(const Params& p, int64_t row);
 
-// One block of D threads per output row: rescale each split's partial sums to the common max (a row no key
+// One block of padded(D) threads per output row (thread t < D writes dim t): rescale each split's partial sums to the common max (a row no key
 // shows above -60000 under a finite mask is computed again here, see recompute_row). The splits' (max, sum)
 // are read in parallel, one per thread; the splits that saw a key are listed in shared memory (in split order)
 // and their partial outputs read 32 at a time: a short visible prefix of a long cache costs two memory round
 // trips, not one per group of splits.
 template <typename T, int D>
-__global__ void __launch_bounds__(D) combine_splits(const Params p) {
+__global__ void __launch_bounds__(padded(D)) combine_splits(const Params p) {
   constexpr int kUnroll = 32;
-  __shared__ float s_red[D / 32], s_w[D], s_l[D];
-  __shared__ int s_idx[D], s_cnt[D / 32];
+  constexpr int P = padded(D);  // threads
+  __shared__ float s_red[P / 32], s_w[P], s_l[P];
+  __shared__ int s_idx[P], s_cnt[P / 32];
   pdl_wait();  // the main kernel's partial results
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const float2* ml = p.part_ml + row;  // split s at ml[s * rows_total]
   float mx = -INFINITY;
-  for (int s = t; s < p.splits; s += D) mx = fmaxf(mx, ml[s * p.rows_total].x);
+  for (int s = t; s < p.splits; s += P) mx = fmaxf(mx, ml[s * p.rows_total].x);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (lane == 0) s_red[warp] = mx;
   __syncthreads();
   mx = s_red[0];
 #pragma unroll
-  for (int w = 1; w < D / 32; ++w) mx = fmaxf(mx, s_red[w]);
+  for (int w = 1; w < P / 32; ++w) mx = fmaxf(mx, s_red[w]);
   if (p.finite_mask && !(mx > kHiddenLog2)) {  // mx is the CTA's: every thread takes this branch
-    recompute_row<T, D, D / 32>(p, row);
+    recompute_row<T, D, P / 32>(p, row);
     return;
   }
   float l = 0.f, acc = 0.f;
-  for (int base = 0; base < p.splits; base += D) {
-    const int n = min(D, p.splits - base);
+  for (int base = 0; base < p.splits; base += P) {
+    const int n = min(P, p.splits - base);
     float2 x = make_float2(-INFINITY, 0.f);
     if (t < n) x = ml[(base + t) * p.rows_total];  // (from L1: read above)
     const bool ok = x.x != -INFINITY;  // a split that saw nothing wrote no partial output
@@ -447,7 +458,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
     __syncthreads();
     int pos = __popc(bal & ((1u << lane) - 1)), nok = 0;
 #pragma unroll
-    for (int w = 0; w < D / 32; ++w) {
+    for (int w = 0; w < P / 32; ++w) {
       pos += w < warp ? s_cnt[w] : 0;
       nok += s_cnt[w];
     }
@@ -460,7 +471,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
       float v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        v[u] = j0 + u < nok ? p.part_o[(s_idx[j0 + u] * p.rows_total + row) * D + t] : 0.f;
+        v[u] = j0 + u < nok && (D == P || t < D) ? p.part_o[(s_idx[j0 + u] * p.rows_total + row) * D + t] : 0.f;
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {  // split order, as one loop would: deterministic sums
@@ -473,7 +484,7 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
   }
   pdl_trigger();
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
-  static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
+  if (D == P || t < D) static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
 }
 
 // A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by
@@ -481,8 +492,9 @@ __global__ void __launch_bounds__(D) combine_splits(const Params p) {
 // query row), by the W warps of the calling CTA. A row hidden by -inf everywhere gives 0.
 template <typename T, int D, int W>
 __device__ void recompute_row(const Params& p, int64_t row) {
-  constexpr int E = D / 32;  // elements per lane
+  constexpr int E = padded(D) / 32;  // elements per lane (D is a multiple of E: a lane has all E or none)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool has = D == padded(D) || lane * E < D;
   const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
   const int64_t kvh = h / (p.hq / p.hkv);
   const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + h * p.qs1 + qi * p.qs2 + lane * E;
@@ -491,21 +503,21 @@ __device__ void recompute_row(const Params& p, int64_t row) {
   const int64_t moff = b * p.ms0 + h * p.ms1 + qi * p.ms2;
   float qr[E], acc[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) qr[e] = to_float(qp[e]) * p.scale_log2, acc[e] = 0.f;
+  for (int e = 0; e < E; ++e) qr[e] = has ? to_float(qp[e]) * p.scale_log2 : 0.f, acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
   for (int j = warp; j < p.s; j += W) {  // online softmax over this warp's keys
     float sc = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) sc = fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc);
+    for (int e = 0; e < E; ++e) sc = has ? fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc) : sc;
     sc = sum_key_lanes<32>(sc) + mask_at<T>(p, moff + j * p.ms3);
     if (sc == -INFINITY) continue;
     const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
     l = l * c + w;
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + w * to_float(vp[j * p.vs2 + e]);
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + (has ? w * to_float(vp[j * p.vs2 + e]) : 0.f);
     m = mn;
   }
-  __shared__ float s_m[W], s_l[W], s_acc[W][D];
+  __shared__ float s_m[W], s_l[W], s_acc[W][padded(D)];
   if (lane == 0) s_m[warp] = m, s_l[warp] = l;
 #pragma unroll
   for (int e = 0; e < E; ++e) s_acc[warp][lane * E + e] = acc[e];
@@ -548,8 +560,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.size(2) > 0 && k.size(2) > 0, "fusekit: decode_attention needs a query and a key; got ",
               describe(q), ", ", describe(k));
   const int64_t d = q.size(3);
-  TORCH_CHECK(d == 64 || d == 128 || d == 256, "fusekit: decode_attention: head dim must be 64, 128 or 256; got ",
-              describe(q));
+  TORCH_CHECK(d == 64 || d == 80 || d == 96 || d == 112 || d == 128 || d == 160 || d == 192 || d == 256,
+              "fusekit: decode_attention: head dim must be 64, 80, 96, 112, 128, 160, 192 or 256; got ", describe(q));
   TORCH_CHECK(aligned16(k) && aligned16(v), "fusekit: decode_attention: k and v rows must be 16-byte aligned "
               "(strides and offset multiples of 8 elements)");
   TORCH_CHECK(k.size(2) <= (int64_t{1} << 30) && q.size(1) * q.size(2) <= (int64_t{1} << 20),
@@ -562,15 +574,16 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 template <typename T, int D, int RT>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
-  const auto smem_for = [](int chunk) { return kStages * kBlockN * D * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
-  opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(max_chunk(D, RT)));
+  constexpr int P = padded(D);
+  const auto smem_for = [](int chunk) { return kStages * kBlockN * P * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
+  opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(max_chunk(P, RT)));
   // Each kernel with PDL (pdl.cuh): its launch overlaps the end of the kernel before it
   static const int version = binary_version(decode_attention_kernel<T, D, RT>);
   const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
             pdl, 0, p);
-  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(D), 0, stream, pdl, 0, p);
+  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(P), 0, stream, pdl, 0, p);
   if (p.hidden) {  // one split: no combine to recompute the hidden rows in
     launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
   }
@@ -608,7 +621,7 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
   const int64_t target = 8 * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
-  const int max_blocks = max_chunk(static_cast<int>(d), rt) / kBlockN;
+  const int max_blocks = max_chunk(padded(static_cast<int>(d)), rt) / kBlockN;
   splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
   const int chunk_blocks = (nb + splits - 1) / splits;
   splits = (nb + chunk_blocks - 1) / chunk_blocks;
@@ -652,9 +665,16 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   }
   const auto dispatch = [&](auto tag) {
     using T = decltype(tag);
-    if (d == 64) return launch_rows<T, 64>(p, blocks_x, rt, q);
-    if (d == 128) return launch_rows<T, 128>(p, blocks_x, rt, q);
-    return launch_rows<T, 256>(p, blocks_x, rt, q);
+    switch (d) {
+      case 64: return launch_rows<T, 64>(p, blocks_x, rt, q);
+      case 80: return launch_rows<T, 80>(p, blocks_x, rt, q);
+      case 96: return launch_rows<T, 96>(p, blocks_x, rt, q);
+      case 112: return launch_rows<T, 112>(p, blocks_x, rt, q);
+      case 128: return launch_rows<T, 128>(p, blocks_x, rt, q);
+      case 160: return launch_rows<T, 160>(p, blocks_x, rt, q);
+      case 192: return launch_rows<T, 192>(p, blocks_x, rt, q);
+      default: return launch_rows<T, 256>(p, blocks_x, rt, q);
+    }
   };
   dispatch_half_bf16(q.scalar_type(), dispatch);
   return out;
