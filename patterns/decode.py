@@ -24,6 +24,10 @@ from fusion_backend.registry import FLOATS, Fixtures, InductorSettings, Pattern,
 aten = torch.ops.aten
 MAX_QUERY = 16  # query rows per sequence the op takes by default (decode, speculative and chunked steps)
 HEAD_DIMS = (64, 128, 256)
+# Head dims the kernel runs in the next tile up (Phi-3's 96, StableLM's 80, ...): matched and computed by the CPU
+# reference, taken by the op, but on CUDA left to Inductor until the kernel has been checked against the reference
+# and timed against Inductor on a GPU (tests/test_kernels_gpu.py runs them; then they move to HEAD_DIMS).
+PADDED_HEAD_DIMS = (80, 96, 112, 160, 192)
 # Without grouped heads there is no repeat_kv copy to save, only hidden blocks to skip; at few rows the op's
 # extra launches cost more. H100, GPT-2 (12 heads, 1024 slots, position 128, CUDA graphs): batch 1 (12 rows)
 # 0.94x Inductor, batch 32 (384 rows) 1.37x.
@@ -107,9 +111,9 @@ def _forms(masked: bool) -> tuple:
 
 # ---- checks ----------------------------------------------------------------------------------------
 def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
-    """Can fire: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, D in {64, 128, 256}, unit last
-    strides, k and v rows 16-byte aligned; every expand in the match is repeat_kv's [B,Hkv,Hq/Hkv,S,D]; a
-    mask is bool, float32 or q's dtype and broadcasts to [B,Hq,Lq,S]."""
+    """Can fire: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, D in HEAD_DIMS (on CPU also
+    PADDED_HEAD_DIMS), unit last strides, k and v rows 16-byte aligned; every expand in the match is repeat_kv's
+    [B,Hkv,Hq/Hkv,S,D]; a mask is bool, float32 or q's dtype and broadcasts to [B,Hq,Lq,S]."""
     def check(s: G.Site) -> str | None:
         tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
         if (bad := G.qkv_problem((q, k, v), tq, tk, tv)) is not None:
@@ -121,7 +125,10 @@ def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
             return (f"shapes are not q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0: {tuple(tq.shape)}, "
                     f"{tuple(tk.shape)}, {tuple(tv.shape)}")
         if not any(known(d == x) for x in HEAD_DIMS):
-            return f"head dim {d} is not one of {HEAD_DIMS}"
+            if not any(known(d == x) for x in PADDED_HEAD_DIMS):
+                return f"head dim {d} is not one of {HEAD_DIMS + PADDED_HEAD_DIMS}"
+            if tq.device.type == "cuda":
+                return f"head dim {d}: the CUDA kernel's padded tile is not yet checked on a GPU"
         if not (known(lq > 0) and known(sk > 0)):
             return "empty query or cache"
         if (bad := G.unit_last_stride_problem(tq, tk, tv)) is not None:
@@ -180,8 +187,9 @@ def broadcast_kv_heads(q: str, k: str, v: str) -> G.Guard:
 
 # What the family's kernels do not take, for `fusekit doctor` (those sites stay Inductor's).
 LIMITS = (
-    f"decode.*: head dims {', '.join(map(str, HEAD_DIMS))}; other head dims public decoders use (80, 96, 112, 160, "
-    f"192) stay Inductor's; at most {MAX_QUERY} query rows; without grouped heads (MHA) opt-in",
+    f"decode.*: head dims {', '.join(map(str, HEAD_DIMS))}; head dims {', '.join(map(str, PADDED_HEAD_DIMS))} (Phi-3, "
+    f"StableLM, ...) match on CPU but stay Inductor's on CUDA until their padded kernel is checked on a GPU; at most "
+    f"{MAX_QUERY} query rows; without grouped heads (MHA) opt-in",
     "prefill.*: head dims 64 and 128, grouped heads only, a prompt against a cache at least twice its length",
 )
 
@@ -222,14 +230,18 @@ def _bad(case):  # head dim 48: not one the kernel takes
 
 
 def _cases(hq, hkv, kind):
-    return ((2, hq, hkv, 1, 70, 64, kind), (1, hq, hkv, 3, 130, 128, kind), (3, hq, hkv, 1, 9, 64, kind))
+    return ((2, hq, hkv, 1, 70, 64, kind), (1, hq, hkv, 3, 130, 128, kind), (3, hq, hkv, 1, 9, 64, kind),
+            (2, hq, hkv, 1, 40, 96, kind))  # a padded head dim: matched and computed on CPU
 
 
 GQA, MHA, MQA = (4, 2), (4, 4), (4, 0)  # (Hq, Hkv) of the CPU cases; MQA: one KV head broadcast (see _qkv)
 # (B, Hq, Hkv, Lq, S, D): awkward cache lengths, one slot, several rows, MQA, every head dim, batch 64
 GPU_CASES = ((1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (32, 4, 4, 16, 129, 256),
              (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (16, 8, 8, 1, 64, 256),
-             (2, 8, 0, 4, 257, 64), (32, 8, 0, 1, 1000, 256), (1, 16, 0, 1, 4096, 128))
+             (2, 8, 0, 4, 257, 64), (32, 8, 0, 1, 1000, 256), (1, 16, 0, 1, 4096, 128),
+             # the padded head dims (PADDED_HEAD_DIMS): partial blocks, several splits, MHA, MQA, 16-row groups
+             (2, 32, 32, 1, 1000, 96), (4, 32, 8, 1, 130, 80), (3, 16, 4, 3, 2049, 112), (1, 8, 0, 1, 700, 160),
+             (8, 16, 16, 1, 513, 192), (2, 32, 2, 1, 4096, 96), (32, 32, 32, 1, 1024, 96))
 
 
 def _kv_kind(hq: int, hkv: int) -> str:

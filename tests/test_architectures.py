@@ -35,8 +35,9 @@ ARCHS = {
               {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA, num_key_value_heads=1, sliding_window=32),
                {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),  # fused projections
-             {"decode_gemm.gate_up_silu_halves": 1}),
+    # fused qkv_proj and gate_up_proj, head dim 96 (a padded tile of the decode kernel)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_LLAMA, hidden_size=384, num_key_value_heads=4, head_dim=None),
+             {"decode.mha": 1, "decode_gemm.gate_up_silu_halves": 1}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),  # MHA
               {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),

@@ -53,9 +53,11 @@ def _check(q, k, v, mask, scale=0.0883, fn=op):
 
 SHAPES = [(1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (3, 4, 4, 16, 129, 256),
           (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (2, 16, 2, 16, 700, 128),
-          (1, 4, 1, 1, 70001, 64), (32, 16, 4, 1, 2500, 128), (16, 8, 8, 1, 2500, 64)]
-# (70001: a long cache, 1094 blocks, its last one partial; the last two: splits of 5 blocks, the 8-block
-# splits' code path, which batch 32 and 64 of a 4-row group take)
+          (1, 4, 1, 1, 70001, 64), (32, 16, 4, 1, 2500, 128), (16, 8, 8, 1, 2500, 64),
+          (2, 32, 32, 1, 1000, 96), (4, 16, 4, 2, 300, 80), (3, 8, 1, 1, 2049, 160), (32, 16, 4, 1, 2500, 112),
+          (2, 8, 2, 16, 520, 192)]
+# (70001: a long cache, 1094 blocks, its last one partial; 2500 of a 4-row group at batch 32 and 64: splits of 5
+# blocks, the 8-block splits' code path; the last five: head dims in a padded tile)
 
 
 # additive masks as users and transformers build them: -inf, float16's min (transformers' bf16 masks hold it
@@ -96,10 +98,11 @@ def test_fully_masked_rows_as_fused_sdpa(dt):
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("s", [40, 300, 5000])  # one split (hidden_rows kernel), a few, many
-def test_rows_hidden_by_a_finite_mask_as_the_chain(dt, s):
+@pytest.mark.parametrize("d", [128, 96, 80, 192])
+def test_rows_hidden_by_a_finite_mask_as_the_chain(dt, s, d):
     """A row whose every key is hidden by a finite minimum: the replaced chain still weighs every key by
     exp(score + min), so the output is that weighted mean (recomputed without skipping), not 0."""
-    b, hq, hkv, lq, d = 3, 16, 4, 2, 128
+    b, hq, hkv, lq = 3, 16, 4, 2
     q, k, v = _qkv(b, hq, hkv, lq, s, d, dt)
     keep = _mask("causal", b, lq, s, 150).clone()
     keep[1, :, 0, :] = False
@@ -195,6 +198,24 @@ def test_bad_direct_calls_raise():
     for what, args in bad.items():
         with pytest.raises(RuntimeError, match="fusekit"):
             op(*args, 0.125)
+
+
+@pytest.mark.parametrize("d", [128, 96])
+def test_padded_head_dims_stay_inductors_until_checked(d):
+    """Head dim 96 (PADDED_HEAD_DIMS): the op takes it, but on CUDA the rule leaves the site to Inductor and says
+    why; 128 fires."""
+    import fusion_backend
+
+    def f(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=mask, scale=0.1)
+    q, k, v = _qkv(2, 16, 4, 1, 256, d, torch.float16)
+    mask = torch.zeros(2, 1, 1, 256, device="cuda", dtype=torch.float16)
+    rep = fusion_backend.explain(f, q, k, v, mask)
+    if d == 128:
+        assert rep.sites["decode.gqa"] == 1, str(rep)
+    else:
+        assert rep.sites["decode.gqa"] == 0 and any("not yet checked" in m.reason for m in rep.near_misses), str(rep)
+    torch.testing.assert_close(rep.output, f(q, k, v, mask), atol=2e-3, rtol=2e-3)
 
 
 def test_decode_step_fires_and_matches_inductor():
