@@ -12,7 +12,9 @@
 #              `python3 -m fusion_backend.build` (kernels for this GPU + traced rules), timed.
 #   tests      the GPU test suite: pytest tests -m "gpu and not packaging" (log: $OUT/pytest_gpu.log)
 #   bench      fusekit bench --phase decode --models llama --batches 1,32 --positions 1024 --no-generate
-#              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/)
+#              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/). Every architecture:
+#              BENCH_ARGS="--models llama,qwen2,qwen3,mistral,gemma,gemma3,phi3,olmo2,granite,stablelm,gpt_neox,mixtral
+#              --batches 1,32 --positions 1024 --no-generate"
 #   e2e        fusekit bench --phase prefill (whole models; $OUT/e2e/)
 #   patterns   benchmarks/bench_patterns.py      ($OUT/patterns/; PATTERNS_ARGS adds arguments)
 #   attention  benchmarks/bench_attention.py     ($OUT/attention/)
