@@ -185,15 +185,6 @@ def broadcast_kv_heads(q: str, k: str, v: str) -> G.Guard:
     return G.Guard(f"broadcast_kv_heads({k}, {v})", check, quiet=True)
 
 
-# What the family's kernels do not take, for `fusekit doctor` (those sites stay Inductor's).
-LIMITS = (
-    f"decode.*: head dims {', '.join(map(str, HEAD_DIMS))}; head dims {', '.join(map(str, PADDED_HEAD_DIMS))} (Phi-3, "
-    f"StableLM, ...) match on CPU but stay Inductor's on CUDA until their padded kernel is checked on a GPU; at most "
-    f"{MAX_QUERY} query rows; without grouped heads (MHA) opt-in",
-    "prefill.*: head dims 64 and 128, grouped heads only, a prompt against a cache at least twice its length",
-)
-
-
 # ---- test inputs -----------------------------------------------------------------------------------
 # case = (B, Hq, Hkv, Lq, S, D, mask: "float" [B,1,Lq,S] | "bool" [B,1,Lq,S] | "none"); Hkv = 0: one KV head
 # broadcast to the Hq query heads (stride 0), as repeat_kv leaves an MQA cache
@@ -357,3 +348,13 @@ PREFILL = [
     _prefill_rule("gqa", "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash
     _prefill_rule("gqa_no_mask", "none", forms=True, static={"mask": None}),
 ]
+
+
+# What the two families' kernels do not take, for `fusekit doctor` (those sites stay Inductor's).
+LIMITS = (
+    f"decode.*: head dims {', '.join(map(str, HEAD_DIMS))}; head dims {', '.join(map(str, PADDED_HEAD_DIMS))} (Phi-3, "
+    f"StableLM, ...) match on CPU but stay Inductor's on CUDA until their padded kernel is checked on a GPU; at most "
+    f"{MAX_QUERY} query rows; without grouped heads (MHA) opt-in",
+    f"prefill.*: head dims {' and '.join(map(str, PREFILL_HEAD_DIMS))}, grouped heads only, a prompt against a cache "
+    f"at least twice its length",
+)
