@@ -105,6 +105,22 @@ def _fused(op: str, masked: bool):
     return f
 
 
+def _eager(masked: bool):
+    """transformers' eager_attention_forward in eval mode (its dropout is gone): the scores in q's dtype, the mask
+    added, the softmax in float32 rounded back, then P @ V. Models that cannot use SDPA (Gemma-2) or that a user
+    set to attn_implementation="eager" reach the same cache chain this way."""
+    def eager(q, k, v, mask, scale):
+        w = torch.matmul(q, repeat_for(k, q).transpose(2, 3)) * scale
+        w = F.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(w, repeat_for(v, q))
+
+    def eager_no_mask(q, k, v, scale):
+        w = torch.matmul(q, repeat_for(k, q).transpose(2, 3)) * scale
+        return torch.matmul(F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), repeat_for(v, q))
+
+    return eager if masked else eager_no_mask
+
+
 def _forms(masked: bool) -> tuple:
     return tuple(_fused(op, masked) for op in ("cudnn", "efficient", "flash_cpu"))
 
@@ -246,7 +262,7 @@ def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pa
         f"decode.{what}", reference=decode_attention_ref, op="decode_attention", inputs=_inputs, dtypes=FLOATS,
         # the broadcast cache reaches SDPA as [B, Hq, S, D]: the MHA chain, told apart by k's strides
         trace="inductor", trace_case=(2, *(MHA if kv == "broadcast" else heads), 1, 6, 8, kind), literals=("scale",),
-        graph_forms=_forms(masked) if forms else (),
+        graph_forms=_forms(masked) if forms else (), variants=(_eager(masked),) if forms else (),
         guards=(*((broadcast_kv_heads("q", "k", "v"),) if kv == "broadcast" else ()),
                 cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
                 *((enough_rows("q"),) if kv == "mha" else ())), **kw,
@@ -257,7 +273,7 @@ def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pa
 
 PATTERNS = [
     _rule("gqa_bool_mask", GQA, "bool", forms=False),   # math decomposition with a bool mask
-    _rule("gqa", GQA, "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash
+    _rule("gqa", GQA, "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash, eager
     _rule("gqa_no_mask", GQA, "none", forms=True, static={"mask": None}),
     # One KV head (MQA: Gemma, Falcon-7B, ...): repeat_kv leaves a view with stride 0 along the heads, so SDPA gets
     # the MHA chain; the op reads the head once for every query head instead of once per head.
