@@ -122,7 +122,10 @@ def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm
             if cast is not None:  # the computation without its downcast: its fp32 result written by the op
                 forms.append((cast, True))
         for form, is_cast in forms:
-            shapes = _clone_variants(form) if p.trace == "inductor" else [form]
+            # a variant marked exact_clones keeps the clones its trace has (one decode shape) instead of taking
+            # every expand->reshape with and without one: 2^n forms, each offered at every node of the root's op
+            exact = getattr(fn, "exact_clones", False)
+            shapes = _clone_variants(form) if p.trace == "inductor" and not exact else [form]
             if p.expand_optional:
                 shapes = [x for c in shapes for x in _expand_variants(c)]
             for expr in [c for e in shapes for c in _commuted(e)]:

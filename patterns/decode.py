@@ -118,7 +118,11 @@ def _eager(masked: bool):
         w = torch.matmul(q, repeat_for(k, q).transpose(2, 3)) * scale
         return torch.matmul(F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), repeat_for(v, q))
 
-    return eager if masked else eager_no_mask
+    f = eager if masked else eager_no_mask
+    # The clones of a decode step's graph only (k transposed: copied; q of one row, P, v: not), as traced at
+    # trace_case: every clone variant of its four matmul operands, commuted, would be 64 more forms.
+    f.exact_clones = True
+    return f
 
 
 def _forms(masked: bool) -> tuple:
