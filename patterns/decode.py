@@ -266,7 +266,9 @@ def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pa
         f"decode.{what}", reference=decode_attention_ref, op="decode_attention", inputs=_inputs, dtypes=FLOATS,
         # the broadcast cache reaches SDPA as [B, Hq, S, D]: the MHA chain, told apart by k's strides
         trace="inductor", trace_case=(2, *(MHA if kv == "broadcast" else heads), 1, 6, 8, kind), literals=("scale",),
-        graph_forms=_forms(masked) if forms else (), variants=(_eager(masked),) if forms else (),
+        graph_forms=_forms(masked) if forms else (),
+        # eager attention of a broadcast KV head copies it before its matmul (a clone the trace here lacks): not matched
+        variants=(_eager(masked),) if forms and kv != "broadcast" else (),
         guards=(*((broadcast_kv_heads("q", "k", "v"),) if kv == "broadcast" else ()),
                 cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
                 *((enough_rows("q"),) if kv == "mha" else ())), **kw,

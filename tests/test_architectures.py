@@ -19,6 +19,8 @@ _LLAMA = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA,
               {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "llama_eager": ("LlamaConfig", "LlamaForCausalLM", dict(_LLAMA, attn_implementation="eager"),  # no SDPA
+                    {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA,
               {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu": 1}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _LLAMA,  # QK-norm per head
