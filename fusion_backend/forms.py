@@ -124,7 +124,7 @@ def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm
         for form, is_cast in forms:
             # a variant marked exact_clones keeps the clones its trace has (one decode shape) instead of taking
             # every expand->reshape with and without one: 2^n forms, each offered at every node of the root's op
-            exact = getattr(fn, "exact_clones", False)
+            exact = getattr(p.reference if fn is None else fn, "exact_clones", False)
             shapes = _clone_variants(form) if p.trace == "inductor" and not exact else [form]
             if p.expand_optional:
                 shapes = [x for c in shapes for x in _expand_variants(c)]

@@ -67,6 +67,10 @@ OPS = {
     # attention of a few query rows against a KV cache of grouped heads: q [B,Hq,Lq,D], k/v [B,Hkv,S,D]
     "decode_attention": OpSpec("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
                                any_strides=True, out_like_first=True, cuda_dtypes=HALF),
+    # the same with soft-capped scores (Gemma-2): softcap * tanh(q @ k^T * scale / softcap) + mask
+    "decode_attention_softcap": OpSpec("decode_attention_softcap(Tensor q, Tensor k, Tensor v, Tensor? mask, "
+                                       "float scale, float softcap) -> Tensor",
+                                       any_strides=True, out_like_first=True, cuda_dtypes=HALF),
     # the same attention for many query rows (a prompt): grouped KV heads read as they are, no repeat_kv copy
     "gqa_attention": OpSpec("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
                             any_strides=True, out_like_first=True, cuda_dtypes=HALF),
@@ -208,7 +212,7 @@ def _(q, k, v, mask, scale, safe):
 
 
 def _cache_attention_fake(name: str):
-    def fake(q, k, v, mask, scale):
+    def fake(q, k, v, mask, scale, softcap=None):
         torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
                      lambda: f"{name}: q, k, v must be 4-D, got {q.dim()}, {k.dim()}, {v.dim()}")
         torch._check(q.shape[-1] == v.shape[-1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
@@ -219,6 +223,7 @@ def _cache_attention_fake(name: str):
 
 
 torch.library.register_fake("fusekit::decode_attention")(_cache_attention_fake("decode_attention"))
+torch.library.register_fake("fusekit::decode_attention_softcap")(_cache_attention_fake("decode_attention_softcap"))
 torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa_attention"))
 
 

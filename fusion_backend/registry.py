@@ -72,7 +72,8 @@ class Pattern:
     literals: tuple[str, ...] = ()            # float params matched only as Python numbers (no `_t`)
     # Other eager spellings of the same computation (same parameters, static ones omitted). Each is
     # registered as a search pattern too (duplicates of the reference's are skipped) and tested. A variant with the
-    # attribute exact_clones = True is matched with the clones its trace_case trace has, not every clone variant.
+    # attribute exact_clones = True (on a variant or the reference) is matched with the clones its trace_case trace
+    # has, not every clone variant.
     variants: tuple[Callable[..., Any], ...] = ()
     # Spellings that exist only in a post-grad graph of another device (SDPA's fused CUDA ops): traced and
     # matched like variants, never run eagerly here; tests match them on their traced graphs.

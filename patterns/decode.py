@@ -79,6 +79,19 @@ def decode_attention_eager(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None 
     return torch.matmul(p.to(q.dtype), repeat_kv(v, n))
 
 
+def decode_attention_softcap_ref(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float = 0.125,
+                                 softcap: float = 2.0) -> Tensor:
+    """Gemma-2's attention: transformers' eager_attention_forward with logit soft-capping, in eval mode (SDPA
+    cannot soft-cap, so these models always take this path)."""
+    w = torch.matmul(q, repeat_for(k, q).transpose(2, 3)) * scale
+    w = torch.tanh(w / softcap) * softcap
+    w = F.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(w, repeat_for(v, q))
+
+
+decode_attention_softcap_ref.exact_clones = True  # a decode step's clones only (see _eager)
+
+
 def _fused(op: str, masked: bool):
     """A fused SDPA op as the composite calls it (defaults dropped by the dispatcher, as in a traced graph)."""
     def cudnn(q, k, v, mask, scale):
@@ -292,6 +305,15 @@ PATTERNS = [
     # when named.
     _rule("mha_bool_mask", MHA, "bool", forms=False, cuda_default=False),
     _rule("mha", MHA, "float", forms=True, cuda_default=False),
+    # Gemma-2 (grouped heads, soft-capped scores): the same kernel, the cap applied in its softmax pass. Opt-in on CUDA
+    # until checked and timed on a GPU.
+    Pattern("decode.gqa_softcap", reference=decode_attention_softcap_ref, op="decode_attention_softcap",
+            inputs=_inputs, dtypes=FLOATS, trace="inductor", trace_case=(2, *GQA, 1, 6, 8, "float"),
+            literals=("scale", "softcap"), guards=(cache_inputs("q", "k", "v", "mask"), short_queries("q")),
+            cuda_default=False,
+            fixtures=Fixtures(cases=_cases(*GQA, "float"), baseline=decode_attention_softcap_ref,
+                              gpu_cases=tuple((*c, "float") for c in GPU_CASES if _kv_kind(*c[1:3]) == "grouped"),
+                              bad_layout=_bad(_cases(*GQA, "float")[0]), bad_reason="head dim")),
 ]
 
 

@@ -35,6 +35,8 @@ ARCHS = {
                 {"decode.gqa": 1, "decode_gemm.qkv": 1}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_LLAMA, num_key_value_heads=1),  # MQA, GeGLU
               {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA, sliding_window=32),  # eager, soft-capped scores
+               {"decode.gqa_softcap": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA, num_key_value_heads=1, sliding_window=32),
                {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
     # fused qkv_proj and gate_up_proj, head dim 96 (a padded tile of the decode kernel)

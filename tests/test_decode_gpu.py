@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from fusion_backend import _ext
-from fusion_backend.patterns.decode import decode_attention_eager, decode_attention_ref, repeat_kv
+from fusion_backend.patterns.decode import (decode_attention_eager, decode_attention_ref, decode_attention_softcap_ref,
+                                            repeat_kv)
 from fusion_backend.tools.cuda_graphs import capture_output
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -80,6 +81,27 @@ def test_masks_against_float64(shape, kind, dt):
         if mask is not None:  # the same mask as additive 0/-inf or 0/min, in q's dtype and in float32
             for mdt, hide in HIDE:
                 _check(q, k, v, torch.zeros(mask.shape, dtype=mdt or dt, device="cuda").masked_fill(~mask, hide))
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 8, 4, 1, 4096, 256), (32, 16, 8, 1, 1000, 256), (4, 32, 16, 2, 300, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", ["causal", "window", "padded"])
+def test_softcap_against_float64(shape, kind, dt):
+    """Gemma-2's soft-capped scores (cap 50, and 5 where the tanh bends most scores): at most 2x the error of the
+    same chain run eagerly in q's dtype."""
+    b, hq, hkv, lq, s, d = shape
+    q, k, v = _qkv(b, hq, hkv, lq, s, d, dt)
+    keep = _mask(kind, b, lq, s, s // 2)
+    mask = torch.zeros(keep.shape, dtype=dt, device="cuda").masked_fill(~keep, torch.finfo(dt).min)
+    for cap in (50.0, 5.0):
+        out = torch.ops.fusekit.decode_attention_softcap(q, k, v, mask, 0.0625, cap)
+        ref64 = decode_attention_softcap_ref(q.double(), k.double(), v.double(), mask.double(), 0.0625, cap)
+        same = decode_attention_softcap_ref(q, k, v, mask, 0.0625, cap)
+        err, err_eager = [(x.double() - ref64).abs().max().item() for x in (out, same)]
+        assert err <= 2 * err_eager + 1e-6, (cap, err, err_eager)
+    with pytest.raises(RuntimeError, match="softcap"):
+        torch.ops.fusekit.decode_attention_softcap(q, k, v, mask, 0.0625, 0.0)
 
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -6,6 +6,8 @@
 //       n = q.shape[1] // k.shape[1]                 # query heads per KV head (1: MHA)
 //       return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask, scale=scale)
 //
+// decode_attention_softcap.cu binds the same kernels with Gemma-2's soft-capped scores (decode_attention_run).
+//
 // Contract: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0 (or one KV head broadcast to Hq with stride
 // 0, read as one group), on one CUDA device, one dtype in
 // {float16, bfloat16}, D in {64, 80, 96, 112, 128, 160, 192, 256}, unit last-dim stride; k and v 16-byte aligned (every other
@@ -53,6 +55,7 @@
 #include <type_traits>
 
 #include "attention_checks.h"  // check_cache_qkv, check_attention_mask
+#include "decode/decode_attention.h"
 #include "checks.h"            // describe
 #include "convert.cuh"         // to_float, from_float
 #include "cp_async.cuh"
@@ -91,8 +94,15 @@ struct Params {
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
   int finite_mask;   // 1: an additive mask, whose finite values can hide a whole row
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
+  float cap_log2;    // softcap * log2(e), 0: no soft-capping (a score x becomes cap * tanh(x / cap))
+  float inv_cap_log2;
 };
 
+
+// A raw score (already times scale_log2) soft-capped where the op asks for it, in log2 units.
+__device__ __forceinline__ float capped(const Params& p, float x) {
+  return p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.inv_cap_log2) : x;
+}
 
 template <typename T>
 __device__ __forceinline__ float mask_at(const Params& p, int64_t off) {
@@ -330,7 +340,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     const float* mrow = smask + s_src[r] * p.chunk;
     float m = -INFINITY;
     for (int j = lane; j < keys; j += 32) {
-      const float x = j < lim && (vbits >> (j / kBlockN) & 1u) ? fmaf(srow[j], p.scale_log2, mrow[j]) : -INFINITY;
+      const float x = j < lim && (vbits >> (j / kBlockN) & 1u) ? capped(p, srow[j] * p.scale_log2) + mrow[j] : -INFINITY;
       srow[j] = x;
       m = fmaxf(m, x);
     }
@@ -509,7 +519,7 @@ __device__ void recompute_row(const Params& p, int64_t row) {
     float sc = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) sc = has ? fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc) : sc;
-    sc = sum_key_lanes<32>(sc) + mask_at<T>(p, moff + j * p.ms3);
+    sc = capped(p, sum_key_lanes<32>(sc)) + mask_at<T>(p, moff + j * p.ms3);
     if (sc == -INFINITY) continue;
     const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
     l = l * c + w;
@@ -596,8 +606,10 @@ void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
   launch<T, D, 16>(p, blocks_x, q);
 }
 
-at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const std::optional<at::Tensor>& mask, double scale) {
+}  // namespace
+
+at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& mask, double scale, double softcap) {
   check_inputs(q, k, v, mask);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty_like(q);  // the fake's layout
@@ -651,6 +663,8 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   p.s = static_cast<int>(S), p.group = group, p.rows = rows, p.zchunks = zchunks;
   p.chunk = chunk_blocks * kBlockN, p.splits = splits;
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  p.cap_log2 = static_cast<float>(softcap) * kLog2e;
+  p.inv_cap_log2 = softcap > 0 ? 1.f / p.cap_log2 : 0.f;
   at::Tensor part_o, part_ml, hidden;
   p.finite_mask = p.mask_kind == kSameMask || p.mask_kind == kFloatMask;  // finite values can hide a row
   if (p.finite_mask && splits == 1) {
@@ -678,6 +692,13 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   };
   dispatch_half_bf16(q.scalar_type(), dispatch);
   return out;
+}
+
+namespace {
+
+at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& mask, double scale) {
+  return decode_attention_run(q, k, v, mask, scale, 0.0);
 }
 
 }  // namespace
