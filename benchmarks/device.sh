@@ -10,7 +10,8 @@
 #              .whl/nvidia_cutlass-*.whl), then fusekit itself (editable, no deps, no build isolation);
 #              restore a carried kernel/pattern cache (.fkc/fkc.tgz) into $FUSEKIT_CACHE; then
 #              `python3 -m fusion_backend.build` (kernels for this GPU + traced rules), timed.
-#   tests      the GPU test suite: pytest tests -m "gpu and not packaging" (log: $OUT/pytest_gpu.log)
+#   tests      the GPU test suite: pytest tests -m "gpu and not packaging" (log: $OUT/pytest_gpu.log); TESTS_ARGS
+#              replaces the arguments after pytest's -q, e.g. TESTS_ARGS="tests/test_decode_gpu.py"
 #   bench      fusekit bench --phase decode --models llama --batches 1,32 --positions 1024 --no-generate
 #              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/). Every architecture:
 #              BENCH_ARGS="--models llama,qwen2,qwen3,mistral,gemma,gemma3,phi3,olmo2,granite,stablelm,gpt_neox,mixtral
@@ -83,7 +84,7 @@ fi
 
 if has tests; then
   run_step "GPU tests" "$OUT/pytest_gpu.log" \
-    python3 -m pytest -q -p no:cacheprovider tests -m "gpu and not packaging"
+    python3 -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-tests -m "gpu and not packaging"}
   if [ -f "$OUT/pytest_gpu.log" ]; then
     if tail -1 "$OUT/pytest_gpu.log" | grep -qE "passed|failed|error|no tests ran"; then
       note "GPU tests: $(tail -1 "$OUT/pytest_gpu.log")"

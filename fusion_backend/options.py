@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-KEYS = ("mode", "patterns", "disable", "cpu_reference", "verify", "report")  # fusekit's own keys
+KEYS = ("mode", "patterns", "enable", "disable", "cpu_reference", "verify", "report")  # fusekit's own keys
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     patterns: tuple[str, ...]          # enabled rule ids, in table order
-    forced: tuple[str, ...] = ()       # ids named in options["patterns"]: they skip the policy guards
+    forced: tuple[str, ...] = ()       # ids named in options["patterns"] or ["enable"]: they skip the policy guards
     cpu_reference: bool = False        # rules fire on CPU tensors too, running each op's reference
     verify: bool = False               # each rewritten site checks itself against its reference once
     report: bool = False               # explain reused intermediates and keep the graph's code
@@ -41,10 +41,15 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     mode = mode or opt_mode
     patterns = opts.pop("patterns", None)
     disable = opts.pop("disable", ())
+    enable = opts.pop("enable", ())
     named = None if patterns is None else _as_names(patterns, "patterns")
+    extra = _as_names(enable, "enable") if enable else ()
+    if named is not None and extra:
+        raise ValueError("fusekit: options['patterns'] and ['enable'] together; name every rule in 'patterns'")
+    off = _as_names(disable, "disable") if disable else ()
     fk = Options(
-        patterns=table.select(named, _as_names(disable, "disable") if disable else ()),
-        forced=table.select(named) if named is not None else (),
+        patterns=table.select(named, off),
+        forced=table.select(named) if named is not None else table.select(extra, off) if extra else (),
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
         report=bool(opts.pop("report", False)),

@@ -24,9 +24,8 @@ from fusion_backend.registry import FLOATS, Fixtures, InductorSettings, Pattern,
 aten = torch.ops.aten
 MAX_QUERY = 16  # query rows per sequence the op takes by default (decode, speculative and chunked steps)
 HEAD_DIMS = (64, 128, 256)
-# Head dims the kernel runs in the next tile up (Phi-3's 96, StableLM's 80, ...): matched and computed by the CPU
-# reference, taken by the op, but on CUDA left to Inductor until the kernel has been checked against the reference
-# and timed against Inductor on a GPU (tests/test_kernels_gpu.py runs them; then they move to HEAD_DIMS).
+# Head dims the kernel runs in the next tile up (Phi-3's 96, StableLM's 80, ...), the columns past D neither read nor
+# written: checked against float64 on a GPU (tests/test_kernels_gpu.py, tests/test_decode_gpu.py).
 PADDED_HEAD_DIMS = (80, 96, 112, 160, 192)
 # Without grouped heads there is no repeat_kv copy to save, only hidden blocks to skip; at few rows the op's
 # extra launches cost more. H100, GPT-2 (12 heads, 1024 slots, position 128, CUDA graphs): batch 1 (12 rows)
@@ -144,8 +143,8 @@ def _forms(masked: bool) -> tuple:
 
 # ---- checks ----------------------------------------------------------------------------------------
 def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
-    """Can fire: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, D in HEAD_DIMS (on CPU also
-    PADDED_HEAD_DIMS), unit last strides, k and v rows 16-byte aligned; every expand in the match is repeat_kv's
+    """Can fire: q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0, D in HEAD_DIMS or
+    PADDED_HEAD_DIMS, unit last strides, k and v rows 16-byte aligned; every expand in the match is repeat_kv's
     [B,Hkv,Hq/Hkv,S,D]; a mask is bool, float32 or q's dtype and broadcasts to [B,Hq,Lq,S]."""
     def check(s: G.Site) -> str | None:
         tq, tk, tv = s.tensor(q), s.tensor(k), s.tensor(v)
@@ -157,11 +156,8 @@ def cache_inputs(q: str, k: str, v: str, mask: str | None = None) -> G.Guard:
                 and known(tk.shape[3] == d) and known(hkv > 0) and known(hq % hkv == 0)):
             return (f"shapes are not q [B,Hq,Lq,D], k and v [B,Hkv,S,D] with Hq % Hkv == 0: {tuple(tq.shape)}, "
                     f"{tuple(tk.shape)}, {tuple(tv.shape)}")
-        if not any(known(d == x) for x in HEAD_DIMS):
-            if not any(known(d == x) for x in PADDED_HEAD_DIMS):
-                return f"head dim {d} is not one of {HEAD_DIMS + PADDED_HEAD_DIMS}"
-            if tq.device.type == "cuda":
-                return f"head dim {d}: the CUDA kernel's padded tile is not yet checked on a GPU"
+        if not any(known(d == x) for x in HEAD_DIMS + PADDED_HEAD_DIMS):
+            return f"head dim {d} is not one of {tuple(sorted(HEAD_DIMS + PADDED_HEAD_DIMS))}"
         if not (known(lq > 0) and known(sk > 0)):
             return "empty query or cache"
         if (bad := G.unit_last_stride_problem(tq, tk, tv)) is not None:
@@ -305,12 +301,10 @@ PATTERNS = [
     # when named.
     _rule("mha_bool_mask", MHA, "bool", forms=False, cuda_default=False),
     _rule("mha", MHA, "float", forms=True, cuda_default=False),
-    # Gemma-2 (grouped heads, soft-capped scores): the same kernel, the cap applied in its softmax pass. Opt-in on CUDA
-    # until checked and timed on a GPU.
+    # Gemma-2 (grouped heads, soft-capped scores): the same kernel, the cap applied in its softmax pass.
     Pattern("decode.gqa_softcap", reference=decode_attention_softcap_ref, op="decode_attention_softcap",
             inputs=_inputs, dtypes=FLOATS, trace="inductor", trace_case=(2, *GQA, 1, 6, 8, "float"),
             literals=("scale", "softcap"), guards=(cache_inputs("q", "k", "v", "mask"), short_queries("q")),
-            cuda_default=False,
             fixtures=Fixtures(cases=_cases(*GQA, "float"), baseline=decode_attention_softcap_ref,
                               gpu_cases=tuple((*c, "float") for c in GPU_CASES if _kv_kind(*c[1:3]) == "grouped"),
                               bad_layout=_bad(_cases(*GQA, "float")[0]), bad_reason="head dim")),
@@ -396,8 +390,8 @@ PREFILL = [
 
 # What the two families' kernels do not take, for `fusekit doctor` (those sites stay Inductor's).
 LIMITS = (
-    f"decode.*: head dims {', '.join(map(str, HEAD_DIMS))}; head dims {', '.join(map(str, PADDED_HEAD_DIMS))} (Phi-3, "
-    f"StableLM, ...) match on CPU but stay Inductor's on CUDA until their padded kernel is checked on a GPU; at most "
+    f"decode.*: head dims {', '.join(map(str, sorted(HEAD_DIMS + PADDED_HEAD_DIMS)))} "
+    f"({', '.join(map(str, PADDED_HEAD_DIMS))} in the next tile up); at most "
     f"{MAX_QUERY} query rows; without grouped heads (MHA) opt-in",
     f"prefill.*: head dims {' and '.join(map(str, PREFILL_HEAD_DIMS))}, grouped heads only, a prompt against a cache "
     f"at least twice its length",

@@ -50,6 +50,18 @@ def test_options_split():
         split_options("fastest-please", None)
 
 
+def test_enable_keeps_every_rule_and_forces_the_named():
+    every = split_options(None, None)[0]
+    fk = split_options(None, {"enable": "decode.mha", "disable": "quantize"})[0]
+    assert fk.forced == ("decode.mha",) and "decode.mha" in fk.patterns
+    assert set(fk.patterns) == {p for p in every.patterns if not p.startswith("quantize.")}
+    assert not every.forced
+    with pytest.raises(ValueError, match="together"):
+        split_options(None, {"enable": "decode.mha", "patterns": "decode"})
+    with pytest.raises(ValueError, match="unknown pattern"):
+        split_options(None, {"enable": ["nope"]})
+
+
 def test_patterns_and_disable_select_what_fires():
     x, y = torch.randn(4, 8), torch.randn(4, 8)
     assert explain(f_exp, x, y).sites["elementwise.add_mul_exp"] == 1

@@ -44,11 +44,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     ints = lambda s: tuple(int(x) for x in s.split(",")) if s else None  # noqa: E731
     grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
     phases = ("prefill", "decode") if a.phase == "both" else (a.phase,)
+    enable = tuple(a.enable.split(",")) if a.enable else ()
+    if enable and "decode" not in phases:
+        print("note: --enable applies to the decode phase", file=sys.stderr)
     if a.cpu or not torch.cuda.is_available():
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
         from . import flow
 
-        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache") if getattr(a, k)]
+        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache", "enable") if getattr(a, k)]
         if ignored:
             print(f"note: {', '.join(ignored)} only apply on a GPU; the CPU flow check runs eager and fusekit",
                   file=sys.stderr)
@@ -62,7 +65,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         gen_caches = tuple(None if x == "auto" else int(x) for x in a.gen_cache.split(",")) if a.gen_cache else None
         decode_bench.bench(names, pathlib.Path(a.out), None, ints(a.batches), ints(a.positions),
-                           generate=a.generate, gen_caches=gen_caches)
+                           generate=a.generate, gen_caches=gen_caches, enable=enable)
     return 0
 
 
@@ -246,6 +249,8 @@ def parser() -> argparse.ArgumentParser:
                    "eager's on CPU (default: off there)")
     b.add_argument("--gen-cache", default=None, help="decode, GPU: comma-separated static cache sizes for generate; "
                    "auto = prompt + new, transformers' own (default auto,4096)")
+    b.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires "
+                   "(options={'enable': [...]}), e.g. decode.mha")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

@@ -157,7 +157,13 @@ def _ms(fn: Callable[[], Any], cpu: bool) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def _compile(backend: str, model: Any, cpu: bool) -> Any:
+def fusekit_options(cpu: bool, enable: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The bench's fusekit options: the CPU references where there is no GPU, and the opt-in rules named."""
+    opts = {**({"cpu_reference": True} if cpu else {}), **({"enable": list(enable)} if enable else {})}
+    return opts or None
+
+
+def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) -> Any:
     """Default dynamism: a sliding-window cache's length counter is a Python int that changes every step (one
     recompile makes it symbolic; dynamic=False would recompile every step). No Dynamo reset here: the
     backends' compiled steps live side by side, and are timed in interleaved rounds."""
@@ -165,11 +171,11 @@ def _compile(backend: str, model: Any, cpu: bool) -> Any:
         return model
     if backend == "inductor":
         return torch.compile(model)
-    return torch.compile(model, backend=fusekit_backend(options={"cpu_reference": True} if cpu else None))
+    return torch.compile(model, backend=fusekit_backend(options=fusekit_options(cpu, enable)))
 
 
 def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, cache_len: int, bw: float | None,
-              log: Callable[[str], None] = print) -> dict:
+              log: Callable[[str], None] = print, enable: tuple[str, ...] = ()) -> dict:
     cpu = device == "cpu"
     st = Step(name, device, batch, cache_len)
     positions = tuple(p for p in positions if p < st.cache_len) or (st.cache_len // 2,)
@@ -181,7 +187,7 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
     with torch.no_grad():
         torch._dynamo.reset()
         for be in BACKENDS:  # compiled side by side: Dynamo keeps one cache entry per backend
-            fn = _compile(be, st.model, cpu)
+            fn = _compile(be, st.model, cpu, enable)
             fns.append(fn)
             st.restore()
             st.at(positions[0])
@@ -252,7 +258,7 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
 
 
 def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, cache_len: int | None = None,
-                   log: Callable[[str], None] = print) -> dict:
+                   log: Callable[[str], None] = print, enable: tuple[str, ...] = ()) -> dict:
     """Greedy ``generate`` with a static cache, compiled by each backend (transformers compiles the decode
     forward itself, ``compile_config``): tokens/s of a second run, and tokens compared with eager's.
     cache_len None: transformers sizes the cache to prompt + new (``cache_implementation="static"``); else one
@@ -279,7 +285,7 @@ def generate_bench(name: str, device: str, batch: int, prompt: int, new: int, ca
                                                  fullgraph=False, dynamic=False)
         else:  # fusekit takes the mode itself; torch.compile passes a mode only to Inductor
             backend = fusekit_backend(mode=None if cpu else "reduce-overhead",
-                                      options={"cpu_reference": True} if cpu else None)
+                                      options=fusekit_options(cpu, enable))
             kw["compile_config"] = CompileConfig(backend=backend, mode=None, fullgraph=False, dynamic=False)
         try:
             with torch.no_grad():
@@ -322,7 +328,8 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
              f"against a StaticCache; ms, the median of {ROUNDS} interleaved rounds (each a triton do_bench median; "
              f"min-max in decode.json); +graph = the compiled step replayed as a CUDA "
              f"graph. Floor = (weights + KV rows visible at the position) / copy bandwidth "
-             f"({(env.get('copy_gbps') or 0):,.0f} GB/s).", "",
+             f"({(env.get('copy_gbps') or 0):,.0f} GB/s)."
+             + (f" fusekit with options={{'enable': {env['enable']}}}." if env.get("enable") else ""), "",
              "| model | batch | position | eager | Inductor | fusekit | Inductor+graph | fusekit+graph | "
              "speedup | speedup+graph | floor ms | floor / fusekit | sites |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -385,7 +392,7 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
 
 def bench(names: list[str], out: pathlib.Path, device: str | None = None, batches: tuple[int, ...] | None = None,
           positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None,
-          gen_caches: tuple[int | None, ...] | None = None) -> list[dict]:
+          gen_caches: tuple[int | None, ...] | None = None, enable: tuple[str, ...] = ()) -> list[dict]:
     from .e2e import environment
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -397,6 +404,7 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
     env = environment()
     bw = None if cpu else copy_bandwidth(device)
     env["copy_gbps"] = bw / 1e9 if bw else None
+    env["enable"] = list(enable)
     print(f"fusekit bench --phase decode on {env['device']} (torch {env['torch']}): {', '.join(names)}; "
           f"batches {batches}; positions {positions} of {cache_len}", flush=True)
     results: list[dict] = []
@@ -415,7 +423,8 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
     for i, name in enumerate(names, 1):
         for b in batches:
             print(f"[{i}/{len(names)} {time.time() - t0:5.0f}s] {name} batch {b}", flush=True)
-            results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True)))
+            results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True),
+                                     enable=enable))
             save()
     if generate if generate is not None else not cpu:
         # the cache transformers sizes to the run, and (GPU) the bench's serving-sized one
@@ -425,7 +434,7 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
                 print(f"[{time.time() - t0:5.0f}s] generate {name} (cache {gc or 'prompt + new'})", flush=True)
                 gb = gen_batch or (2 if cpu else 32)
                 gens.append(generate_bench(name, device, gb, 16 if cpu else 512, 16 if cpu else 256, gc,
-                                           log=lambda s: print(s, flush=True)))
+                                           log=lambda s: print(s, flush=True), enable=enable))
                 save()
     plot(results, out / "decode.png")
     print()
