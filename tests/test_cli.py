@@ -38,7 +38,7 @@ def test_doctor_lists_every_pattern_per_dtype(capsys):
     assert f"torch {torch.__version__}" in out
     for p in table.all_patterns():
         assert p.id in out
-    assert "limits" in out and "head dims 64, 128, 256" in out and "96" in out  # unsupported head dims are named
+    assert "limits" in out and "head dims 64, 80, 96, 112, 128, 160, 192, 256" in out  # every head dim is named
 
 
 def _doctor_rows(out):

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <optional>
+#include <string>
 
 #include "decode/decode_attention.h"
 
@@ -20,8 +21,10 @@ namespace {
 
 at::Tensor decode_attention_softcap_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const std::optional<at::Tensor>& mask, double scale, double softcap) {
+  // the message as a string: a double streamed into TORCH_CHECK from nvcc-compiled code crashes the process (H100,
+  // torch 2.11), as an IntArrayRef or a Device does (checks.h)
   TORCH_CHECK(softcap > 0 && std::isfinite(softcap), "fusekit: decode_attention_softcap: softcap must be positive and "
-              "finite; got ", softcap);
+              "finite; got " + std::to_string(softcap));
   return decode_attention_run(q, k, v, mask, scale, softcap);
 }
 
