@@ -89,8 +89,9 @@ MODELS = {m.name: m for m in [
                    "Gemma2Config", "Gemma2ForCausalLM",
                    dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=8, num_attention_heads=8,
                         num_key_value_heads=4, head_dim=256, vocab_size=256000, max_position_embeddings=8192,
-                        sliding_window=4096, query_pre_attn_scalar=256),
-                   dict(_TINY_DECODER, sliding_window=16)),
+                        sliding_window=4096, query_pre_attn_scalar=256, attn_implementation="eager"),
+                   # eager named: transformers 5.17 ran it through SDPA by default, without the cap (decode.gqa fired)
+                   dict(_TINY_DECODER, sliding_window=16, attn_implementation="eager")),
     _named_decoder("gemma3", "Gemma-3-1B widths, 8 layers, MQA 4/1, head dim 256, sliding window 512 on 5 of 6 layers",
                    "Gemma3TextConfig", "Gemma3ForCausalLM",
                    dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=8, num_attention_heads=4,
