@@ -166,3 +166,28 @@ def test_generate_with_a_cache_of_its_own_size():
         assert out["backends"][be]["tokens_equal_eager"], out["backends"][be]
     md = decode_bench.markdown([], [out], {"device": "cpu", "torch": "x", "transformers": "y"})
     assert "| llama | 2 | 8+6 | 32 | fusekit |" in md
+
+
+def test_decode_table_lists_the_step_rules_near_misses():
+    """decode.md explains what kept an attention or GEMM site from firing, one line per rule and guard."""
+    res = {"model": "phi3", "batch": 1, "cache_len": 4096, "fusekit_vs_inductor_max_abs": 0.1,
+           "eager_vs_inductor_max_abs": 0.1, "positions": {"1024": {"inductor+graph": 1.1, "fusekit+graph": 1.0}},
+           "backends": {"inductor": {"compile_s": 9.0},
+                        "fusekit": {"compile_s": 9.0, "sites": {"decode_gemm.linear": 25},
+                                    "near_misses": [{"pattern": "decode.mha", "guard": "policy", "count": 8,
+                                                     "example": "sdpa (modeling_phi3.py:1): policy: off by default"}]}}}
+    md = decode_bench.markdown([res], [], {"device": "cpu", "torch": torch.__version__, "transformers": "-"})
+    assert "| phi3 | 1 | 1024/4096 |" in md and "linearx25" in md
+    assert "- phi3 b1: decode.mha x8 (sdpa (modeling_phi3.py:1): policy: off by default)" in md, md
+
+
+@pytest.mark.slow
+def test_decode_bench_run_records_the_step_rules_near_misses():
+    """A real run (CPU references, tiny GPT-NeoX): the fusekit entry has the sites and the near misses of the decode
+    families only (a list, possibly empty), and the timing row."""
+    res = decode_bench.run_model("gpt_neox", 2, (40,), "cpu", 64, None, log=lambda s: None)
+    fk = res["backends"]["fusekit"]
+    assert fk["sites"].get("decode.mha") == 2, fk
+    assert isinstance(fk["near_misses"], list)
+    assert all(g["pattern"].split(".")[0] in decode_bench.STEP_FAMILIES for g in fk["near_misses"]), fk["near_misses"]
+    assert res["positions"]["40"]["fusekit"] > 0

@@ -22,6 +22,10 @@ from . import models
 from ..backend import backend as fusekit_backend
 from ..report import Report, no_compile_caches
 from .cuda_graphs import capture
+from .flow import near_miss_groups
+
+# The families whose near misses the table explains: a layer's attention and its GEMMs
+STEP_FAMILIES = ("decode", "decode_gemm")
 
 BACKENDS = ("eager", "inductor", "fusekit")
 GPU_BATCHES = (1, 8, 32, 64)
@@ -201,6 +205,7 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
             if be == "fusekit":
                 rep = Report(list(records))
                 info["sites"] = {k: v for k, v in rep.sites.items() if v}
+                info["near_misses"] = [g for g in near_miss_groups(rep) if g["pattern"].split(".")[0] in STEP_FAMILIES]
                 info["errors"] = len(rep.errors)
                 info["report"] = str(rep)
             res["backends"][be] = info
@@ -354,6 +359,11 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
         ci, cf = r["backends"]["inductor"]["compile_s"], r["backends"]["fusekit"]["compile_s"]
         lines.append(f"| {r['model']} | {r['batch']} | {ci:.1f} | {cf:.1f} | {cf / ci:.2f}x | "
                      f"{r['fusekit_vs_inductor_max_abs']:.2e} | {r['eager_vs_inductor_max_abs']:.2e} |")
+    missed = [(r, g) for r in results for g in r["backends"]["fusekit"].get("near_misses", [])]
+    if missed:
+        lines += ["", "Near misses of the attention and GEMM rules (what kept a layer's site from firing; count, one "
+                  "example):", ""]
+        lines += [f"- {r['model']} b{r['batch']}: {g['pattern']} x{g['count']} ({g['example'][:200]})" for r, g in missed]
     if gens:
         lines += ["", "generate (greedy, static cache, compiled by transformers' compile_config):", "",
                   "| model | batch | prompt + new | cache slots | backend | tokens/s | vs Inductor | first run s | tokens = eager | first divergence |",
