@@ -48,6 +48,11 @@ ARCHS = {
                  {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=256, intermediate_size=512,
                                                               num_attention_heads=4), {"decode.mha": 1}),
+    # Falcon-7B style: one KV head, which transformers expands into a copy per query head (so the MHA rule), parallel
+    # attention and MLP, no biases. (ALiBi Falcon fails in transformers' own eager forward with a StaticCache.)
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=256, num_attention_heads=4, multi_query=True,
+                                                         new_decoder_architecture=False, parallel_attn=True,
+                                                         alibi=False, bias=False), {"decode.mha_bool_mask": 1}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256),
              {"decode.mha": 1, "elementwise.gelu_tanh": 1}),
 }
