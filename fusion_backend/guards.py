@@ -298,7 +298,7 @@ def check_site(p: "Pattern", match: pm.Match, run: Any) -> bool:
         if reason is not None:
             if not g.quiet and (g.policy or site.fires_by_default()):
                 if g.policy:
-                    reason += f"; name it to fire anyway: options={{'patterns': ['{p.id}']}}"
+                    reason += f"; name it to fire anyway: options={{'enable': ['{p.id}']}}"
                 run.near_miss(p.id, anchor, f"{g.name}: {reason}", policy=g.policy)
             return False
     from .stats import describe

@@ -268,11 +268,12 @@ def test_a_named_rule_skips_its_policy_guards():
     rep = explain(p.search_fn(), *args)
     assert rep.sites[p.id] == 0, str(rep)
     miss = [m for m in rep.near_misses if m.pattern == p.id]
-    assert miss and all(m.policy for m in miss) and "name it to fire anyway" in miss[0].reason, str(rep)
+    assert miss and all(m.policy for m in miss) and f"options={{'enable': ['{p.id}']}}" in miss[0].reason, str(rep)
     assert "chose not to fire" in str(rep)
-    rep = explain(p.search_fn(), *args, patterns=[p.id])
-    assert rep.sites[p.id] == 1, str(rep)
-    assert_same(rep.output, p.eager(*args))
+    for named in ({"patterns": [p.id]}, {"enable": [p.id]}):  # alone, or on top of every other rule
+        rep = explain(p.search_fn(), *args, **named)
+        assert rep.sites[p.id] == 1, str(rep)
+        assert_same(rep.output, p.eager(*args))
 
 
 def test_opt_in_rules_report_no_shape_misses():

@@ -186,7 +186,7 @@ def doctor_text() -> str:
         lines.append(f"{p.id:{w}s} " + " ".join(f"{c:>{cw}s}" for c in cells))
     lines.append("")
     legend = ["on = fires by default",
-              "opt-in = measured slower than Inductor there: enable with options={'patterns': [id]}",
+              "opt-in = measured slower than Inductor there: enable with options={'enable': [id]}",
               "no-kernel = cannot fire: no kernel built for this GPU/dtype (why: below)",
               "- = dtype not supported"]
     if "on*" in used:
