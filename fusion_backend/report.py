@@ -144,3 +144,14 @@ def report(last: int | None = None) -> Report:
     """The records of the graphs fusekit compiled in this process (the most recent `last`)."""
     hist: Sequence[stats.GraphRecord] = list(stats.HISTORY)
     return Report(list(hist[-last:] if last else hist))
+
+
+def near_miss_groups(rep: Report, top: int | None = None) -> list[dict[str, Any]]:
+    """The report's near misses grouped by rule and guard, the most frequent first: {pattern, guard, count,
+    example} (the guard: the reason up to its first colon; example: one full reason and its site)."""
+    groups: dict[tuple[str, str], list[stats.NearMiss]] = collections.defaultdict(list)
+    for m in rep.near_misses:
+        groups[(m.pattern, m.reason.split(":", 1)[0])].append(m)
+    out = [{"pattern": p, "guard": g, "count": len(ms), "example": f"{ms[0].site}: {ms[0].reason}"}
+           for (p, g), ms in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+    return out[:top] if top else out

@@ -20,9 +20,8 @@ import torch
 from .. import stats
 from . import models
 from ..backend import backend as fusekit_backend
-from ..report import Report, no_compile_caches
+from ..report import Report, near_miss_groups, no_compile_caches
 from .cuda_graphs import capture
-from .flow import near_miss_groups
 
 # The families whose near misses the table explains: a layer's attention and its GEMMs
 STEP_FAMILIES = ("decode", "decode_gemm")

@@ -28,7 +28,7 @@ import torch
 
 from .. import stats
 from ..backend import backend as fusekit_backend
-from ..report import Report, no_compile_caches
+from ..report import Report, near_miss_groups, no_compile_caches
 from . import models
 
 # Keys of a GPU run's records that a CPU run does not measure: written as null
@@ -69,17 +69,6 @@ def rest_of_graph() -> str:
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max|out - ref| / max|ref|."""
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
-
-
-def near_miss_groups(rep: Report, top: int | None = None) -> list[dict[str, Any]]:
-    """The report's near misses grouped by rule and guard, the most frequent first: {pattern, guard, count,
-    example} (the guard: the reason up to its first colon; example: one full reason and its site)."""
-    groups: dict[tuple[str, str], list[stats.NearMiss]] = collections.defaultdict(list)
-    for m in rep.near_misses:
-        groups[(m.pattern, m.reason.split(":", 1)[0])].append(m)
-    out = [{"pattern": p, "guard": g, "count": len(ms), "example": f"{ms[0].site}: {ms[0].reason}"}
-           for (p, g), ms in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
-    return out[:top] if top else out
 
 
 def sites_text(sites: dict[str, int]) -> str:
