@@ -20,7 +20,7 @@ import torch
 
 from fusion_backend.tools.cuda_graphs import capture
 from fusion_backend import stats
-from fusion_backend.patterns.decode_gemm import MAX_ROWS, decode_linear_ref, decode_qkv_ref  # the table's references
+from fusion_backend.patterns.decode_gemm import MAX_ROWS, MAX_ROWS_TMA, decode_linear_ref, decode_qkv_ref  # the table's references
 from fusion_backend.tools.models import MODELS
 
 MB = 2**20
@@ -28,8 +28,15 @@ MB = 2**20
 
 def linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
     """(name, K, the weights' N, kind) of a decoder's decode-step linears: q, k and v one by one and as the
-    q/k/v rule's one op, o, gate+up, down, lm_head; kind in plain / silu_mul (gate+up) / qkv."""
+    q/k/v rule's one op, o, gate+up, down, lm_head; kind in plain / silu_mul (gate+up) / qkv. GPT-NeoX's: the
+    fused query_key_value, dense, the MLP's up projection with GELU and its down projection, all with biases
+    (kind bias / bias_gelu), and the embed_out head."""
     c = spec.full
+    if spec.config == "GPTNeoXConfig":
+        h, i = c["hidden_size"], c["intermediate_size"]
+        return [("query_key_value", h, (3 * h,), "bias"), ("dense", h, (h,), "bias"),
+                ("h_to_4h+gelu", h, (i,), "bias_gelu"), ("4h_to_h", i, (h,), "bias"),
+                ("lm_head", h, (c["vocab_size"],), "plain")]
     h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim", h // heads)
     return [("q", h, (heads * d,), "plain"), ("k/v", h, (kv * d,), "plain"),
@@ -42,6 +49,10 @@ def reference_and_op(kind: str):
     """(the rule's reference, the op called directly) for a linear of `kind`, both taking (x, *weights)."""
     if kind == "qkv":
         return decode_qkv_ref, torch.ops.fusekit.decode_qkv
+    if kind.startswith("bias"):  # (x, w, b)
+        act = "gelu" if kind == "bias_gelu" else "none"
+        return ((lambda x, w, b: decode_linear_ref(x, w, None, act, b)),
+                (lambda x, w, b: torch.ops.fusekit.decode_linear(x, w, None, act, b)))
     act = "none" if kind == "plain" else kind
     return ((lambda x, w, w2=None: decode_linear_ref(x, w, w2, act)),
             (lambda x, w, w2=None: torch.ops.fusekit.decode_linear(x, w, w2, act)))
@@ -79,7 +90,9 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
             seen.add((k, ns, kind))
             wbytes = sum(ns) * k * 2
             sets = max(2, min(64, math.ceil(256 * MB / wbytes)))
-            ws = [[torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] for _ in range(sets)]
+            ws = [[torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] +
+                  ([torch.randn(ns[0], device="cuda", dtype=dtype)] if kind.startswith("bias") else [])
+                  for _ in range(sets)]
             ref, op = reference_and_op(kind)
             for m in rows:
                 x = torch.randn(m, 1, k, device="cuda", dtype=dtype)
@@ -88,6 +101,9 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                 fk = torch.compile(ref, backend="fusekit")
                 fns = {"eager": lambda i: ref(x, *ws[i]), "inductor": lambda i: ind(x, *ws[i]),
                        "fusekit": lambda i: fk(x, *ws[i]), "op": lambda i: op(x, *ws[i])}
+                if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
+                    fns["epilogue"] = lambda i: torch.ops.fusekit.matmul_epilogue(x, ws[i][0], ws[i][1], None, None,
+                                                                                  "gelu", True)
                 with stats.collect() as records:
                     fk(x, *ws[0])
                 sites = sum(sum(r.sites.values()) for r in records)
@@ -106,6 +122,7 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                 print(f"{spec.name:6s} {name:8s} K={k:5d} N={row['N']:>14s} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
                       f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
+                      + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "") +
                       f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
             del ws
     return out
@@ -113,15 +130,19 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
 
 def markdown(rows: list[dict], device: str) -> str:
     lines = [f"# decode_gemm: the decode step's linears ({device}, torch {torch.__version__}, bf16, cold weights)", "",
-             f"us per call; speedup = Inductor / op; floor = weight bytes at the copy bandwidth. By default the "
-             f"gate/up rule fires up to {MAX_ROWS['gate_up_silu']} rows and the q/k/v rule up to {MAX_ROWS['qkv']}; "
-             f"the plain linear fires only where named (up to {MAX_ROWS['linear']} rows).", "",
-             "| model | linear | K x N | rows | eager | Inductor | fusekit (sites) | op | floor | op vs Inductor | op % of floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"us per call; speedup = Inductor / op; floor = weight bytes at the copy bandwidth. Where the TMA kernel "
+             f"runs (sm_90a) every rule fires by default up to {MAX_ROWS_TMA['linear']} rows; elsewhere gate/up up to "
+             f"{MAX_ROWS['gate_up_silu']} rows, q/k/v up to {MAX_ROWS['qkv']}, and the one-weight linears (plain, "
+             f"bias, bias + GELU) only where named (up to {MAX_ROWS['linear']} rows). matmul_epilogue: "
+             f"fusekit::matmul_epilogue's tiled GEMM for bias + GELU.", "",
+             "| model | linear | K x N | rows | eager | Inductor | fusekit (sites) | op | matmul_epilogue | floor | "
+             "op vs Inductor | op % of floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        epilogue = f"{r['epilogue_ms'] * 1e3:.1f}" if "epilogue_ms" in r else "-"
         lines.append(f"| {r['model']} | {r['linear']} | {r['K']}x{r['N']} | {r['rows']} | {r['eager_ms'] * 1e3:.1f} | "
                      f"{r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | {r['op_ms'] * 1e3:.1f} | "
-                     f"{r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
+                     f"{epilogue} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"
 

@@ -75,8 +75,10 @@ OPS = {
     "gqa_attention": OpSpec("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
                             any_strides=True, out_like_first=True, cuda_dtypes=HALF),
     # the linears of a few rows: x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T); "gelu_tanh_mul":
-    # gelu_tanh(x w^T) * (x w2^T); "silu_mul_halves": w [2N, K] holds gate then up rows, silu(x w[:N]^T) * (x w[N:]^T)
-    "decode_linear": OpSpec("decode_linear(Tensor x, Tensor w, Tensor? w2, str act) -> Tensor", cuda_dtypes=HALF),
+    # gelu_tanh(x w^T) * (x w2^T); "silu_mul_halves": w [2N, K] holds gate then up rows, silu(x w[:N]^T) * (x w[N:]^T);
+    # "none", "gelu", "gelu_tanh": act(x w^T + b), b None or [N]
+    "decode_linear": OpSpec("decode_linear(Tensor x, Tensor w, Tensor? w2, str act, Tensor? b=None) -> Tensor",
+                            cuda_dtypes=HALF),
     # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
     "decode_qkv": OpSpec("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
                          "Tensor? bv=None) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
@@ -228,12 +230,15 @@ torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa
 
 
 @torch.library.register_fake("fusekit::decode_linear")
-def _(x, w, w2, act):
+def _(x, w, w2, act, b=None):
     torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1],
                  lambda: f"decode_linear: want x [..., K], w [N, K]; got {tuple(x.shape)}, {tuple(w.shape)}")
     torch._check((act in ("silu_mul", "gelu_tanh_mul")) == (w2 is not None)
-                 and act in ("none", "silu_mul", "gelu_tanh_mul", "silu_mul_halves"),
+                 and act in ("none", "silu_mul", "gelu_tanh_mul", "silu_mul_halves", "gelu", "gelu_tanh"),
                  lambda: f"decode_linear: act {act!r} with w2 {'given' if w2 is not None else 'None'}")
+    torch._check(b is None or (act in ("none", "gelu", "gelu_tanh") and tuple(b.shape) == (w.shape[0],)),
+                 lambda: f"decode_linear: a bias [N] with act none, gelu or gelu_tanh only; got act {act!r}, "
+                         f"w {tuple(w.shape)}, b {tuple(b.shape)}")
     halves = act == "silu_mul_halves"
     torch._check(not halves or w.shape[0] % 2 == 0, lambda: f"decode_linear: {act} needs an even N, got {w.shape[0]}")
     return x.new_empty((*x.shape[:-1], w.shape[0] // 2 if halves else w.shape[0]))  # contiguous

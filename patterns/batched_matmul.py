@@ -300,8 +300,11 @@ def _rule(name: str, scale: bool, bias: bool, act: str, residual: bool, form: st
     names = ["a", "b"] + (["bias"] if bias else []) + (["residual"] if residual else [])
     if form != "batched":
         trace_case = (2, 8, 16, 24) if rank == 3 else (16, 16, 24)
-        # the last case is compiled on CUDA by the GPU tests: aligned, so Inductor's pad_mm leaves it alone
+        # the last case is compiled on CUDA by the GPU tests: aligned, so Inductor's pad_mm leaves it alone; the
+        # linears' cases have more rows than a decode step's (at 64 rows or fewer the decode_gemm rules take them)
         cases = ((1, 5, 32, 40), (2, 8, 16, 24)) if rank == 3 else ((5, 32, 40), (16, 16, 24))
+        if form == "linear":
+            cases = ((1, 65, 32, 40), (2, 40, 16, 24)) if rank == 3 else ((65, 32, 40), (80, 16, 24))
         gpu_cases = ((4, 512, 768, 3072), (2, 129, 72, 200), (1, 1, 8, 8)) if rank == 3 else \
             ((2048, 2048, 5632), (129, 72, 200), (1, 8, 8))
     elif rank == 3:

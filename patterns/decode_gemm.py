@@ -34,6 +34,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 from fusion_backend import guards as G
 from fusion_backend.registry import Fixtures, Pattern, rand
 
+from .batched_matmul import gelu_new
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.OPS: the CUDA kernels take 16 bits)
 # Rows (batch x new tokens) up to which a rule fires. Where the decode GEMMs' TMA kernel runs (sm_90a builds:
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
@@ -43,13 +45,16 @@ MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32}
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
 
 
-def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none") -> Tensor:
-    y = F.linear(x, w)
+def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none",
+                      b: Tensor | None = None) -> Tensor:
+    y = F.linear(x, w, b)
     if act == "silu_mul_halves":  # one [2N, K] weight of gate rows then up rows (Phi-3's gate_up_proj)
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up
     if act == "gelu_tanh_mul":  # GeGLU (Gemma)
         return F.gelu(y, approximate="tanh") * F.linear(x, w2)
+    if act in ("gelu", "gelu_tanh"):  # an MLP's up projection with its bias (GPT-NeoX, Phi-2, GPT-J)
+        return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
 
 
@@ -132,13 +137,13 @@ def tma_default(dtype: torch.dtype, arch: str | None) -> bool:
 
 
 # ---- test inputs: case = (*rows, K, N) with rows [B, S] (3-D x) or [M] (2-D) -------------------------
-def _inputs(gated: bool, halves: bool = False):
+def _inputs(gated: bool, halves: bool = False, bias: bool = False):
     def make(case, dt, dev):
         *rows, k, n = case
         if halves:  # gate and up in one weight
             return rand((*rows, k), dt, dev), rand((2 * n, k), dt, dev, scale=k ** -0.5)
         ws = [rand((n, k), dt, dev, scale=k ** -0.5) for _ in range(2 if gated else 1)]
-        return (rand((*rows, k), dt, dev), *ws)
+        return (rand((*rows, k), dt, dev), *ws, *((rand((n,), dt, dev),) if bias else ()))
 
     return make
 
@@ -155,19 +160,31 @@ GPU_CASES = {3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 
              2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1032, 24))}
 
 
-def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "silu_mul") -> Pattern:
+def _gelu_new_of_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """The tanh-GELU bias rule as HF's NewGELUActivation (GPT-J, Phi-2's gelu_new) spells the activation out."""
+    return gelu_new(F.linear(x, w, b))
+
+
+def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "silu_mul",
+          bias: bool = False) -> Pattern:
+    """A decode_linear rule: gated (two weights, or one in halves) with `act`'s gated epilogue, or one weight,
+    with a bias and `act` ("none", "gelu", "gelu_tanh") where `bias`."""
     static = {"act": "silu_mul_halves", "w2": None} if halves else {"act": act} if gated else \
-        {"act": "none", "w2": None}
+        {"act": act if bias else "none", "w2": None}
+    if not bias:
+        static["b"] = None
     weights = ("w", "w2") if gated and not halves else ("w",)
-    make = _inputs(gated, halves)
+    make = _inputs(gated, halves, bias)
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     pid = f"decode_gemm.{name}{'' if rank == 3 else '_2d'}"
+    variants = (_up_times_silu_gate,) if halves else (_gelu_new_of_linear,) if bias and act == "gelu_tanh" else ()
     return Pattern(
         pid, reference=decode_linear_ref, op="decode_linear",
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
-        cuda_default=True if gated else tma_default, variants=(_up_times_silu_gate,) if halves else (),
-        guards=(G.same_dtype("x", *weights), weight_operands("x", *weights, halves=halves),
-                *((splits_in_halves("w"),) if halves else ()), few_rows("x", "gate_up_silu" if gated else name)),
+        cuda_default=True if gated else tma_default, variants=variants,
+        guards=(G.same_dtype("x", *weights, *(("b",) if bias else ())), weight_operands("x", *weights, halves=halves),
+                *((splits_in_halves("w"),) if halves else ()), *((vectors("w", "b"),) if bias else ()),
+                few_rows("x", "gate_up_silu" if gated else "linear")),
         fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
                           gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case),
                           bad_reason="multiples of 8"),
@@ -219,6 +236,12 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
     )
 
 
+# A linear's bias and GELU (GPT-NeoX, Falcon, Phi-2, GPT-J MLPs' up projection; gelu_new as the tanh form): matched
+# before the matmul epilogues (patterns/__init__.py), which take the same chain at any row count; here only a decode
+# step's few rows (few_rows), where the pass over the weight is the cost.
+EPILOGUES = [_rule(f"linear_bias_{act}", False, rank, act=act, bias=True)
+             for act in ("gelu", "gelu_tanh") for rank in (3, 2)]
+
 PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             # GeGLU's gate and up (Gemma: gelu_pytorch_tanh), the same kernel with its tanh-GELU epilogue
             _rule("gate_up_gelu_tanh", True, 3, act="gelu_tanh_mul"),
@@ -226,4 +249,7 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             # gate and up as one linear, then chunk (Phi-3's gate_up_proj): the op reads the weight's two halves
             _rule("gate_up_silu_halves", True, 3, halves=True), _rule("gate_up_silu_halves", True, 2, halves=True),
             _qkv_rule(3, True), _qkv_rule(2, True),
-            _qkv_rule(3, False), _qkv_rule(2, False), _rule("linear", False, 3), _rule("linear", False, 2)]
+            _qkv_rule(3, False), _qkv_rule(2, False),
+            # a linear's bias (GPT-NeoX's query_key_value and dense layers) before the plain linear, its suffix
+            _rule("linear_bias", False, 3, act="none", bias=True), _rule("linear_bias", False, 2, act="none", bias=True),
+            _rule("linear", False, 3), _rule("linear", False, 2)]

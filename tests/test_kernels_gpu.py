@@ -323,10 +323,11 @@ def test_size_threshold_on_cuda(p, dtype):
 
 
 @pytest.mark.parametrize("p,dtype", [c for c in cuda_patterns(flat=False) if c.values[0].variants
-                                     and c.values[0].op == "matmul_epilogue" and c.values[1] == torch.float16])
+                                     and c.values[0].op in ("matmul_epilogue", "decode_linear")
+                                     and c.values[1] == torch.float16])
 def test_compiled_variants_on_cuda_fire(p, dtype):
-    """The other spellings of the shaped rules (baddbmm, GPT-2's addmm Conv1D, HF's gelu_new) as CUDA's
-    post-grad graph has them (on CUDA Inductor unfuses addmm + pointwise into mm + add)."""
+    """The other spellings of the shaped rules (baddbmm, GPT-2's addmm Conv1D, HF's gelu_new, Phi-3's up * silu(gate))
+    as CUDA's post-grad graph has them (on CUDA Inductor unfuses addmm + pointwise into mm + add)."""
     import fusion_backend
 
     args = p.make_args(p.fixtures.cases[-1], dtype, "cuda")
@@ -550,14 +551,14 @@ def _decode_gemm_kernel(choice: str):
 def test_decode_gemm_kernels_rows_splits_and_tails(dtype, choice):
     """Each decode GEMM kernel and K split (the split-K kernel's x row tiles of 8/16/32/64 rows, clusters of 1-8
     CTAs, splits that end in a K tail, 64-column tiles that end past N) for the plain, gated and q/k/v ops with
-    biases, within the 2x rule of eager against float64; the same result on every call (the splits are summed
-    in a fixed order)."""
+    biases, and the bias + GELU epilogue, within the 2x rule of eager against float64; the same result on every
+    call (the splits are summed in a fixed order)."""
     pl, pg = table.by_id("decode_gemm.linear_2d"), table.by_id("decode_gemm.gate_up_silu_2d")
-    pb = table.by_id("decode_gemm.qkv_bias_2d")
+    pb, pbg = table.by_id("decode_gemm.qkv_bias_2d"), table.by_id("decode_gemm.linear_bias_gelu_2d")
     with _decode_gemm_kernel(choice):
         for m in (1, 8, 9, 16, 17, 32, 33, 64):
             for k in (72, 1032, 2056):
-                for p in (pl, pg):
+                for p in (pl, pg, pbg):
                     args = p.make_args((m, k, 200), dtype, "cuda")
                     out = _run(p, args)
                     _check(p, args, out)
@@ -617,6 +618,36 @@ def test_decode_linear_row_tiles_tails_and_graphs(dtype):
                                            None, "none").shape == (0, 16)
     with pytest.raises(RuntimeError, match="fusekit: decode_linear: w2"):
         torch.ops.fusekit.decode_linear(args[0], args[1], None, "silu_mul")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_linear_bias_and_gelu(dtype):
+    """decode_linear's one-weight epilogue: + bias, then GELU (erf or tanh) of the rounded sum, at rows over one,
+    two and four 16-row tiles (every kernel of the measured selection), within the 2x rule of eager; inside a CUDA
+    graph too. An empty K gives act(bias); a bias with a gated act, or of the wrong size, a clear error."""
+    rules = [table.by_id(f"decode_gemm.{n}_2d") for n in ("linear_bias", "linear_bias_gelu", "linear_bias_gelu_tanh")]
+    for m in (1, 8, 17, 33, 64, 70):
+        for p in rules:
+            for k, n in ((72, 200), (2048, 8192), (8192, 2048)):
+                args = p.make_args((m, k, n), dtype, "cuda")
+                _check(p, args, _run(p, args))
+    p = rules[1]
+    args = p.make_args((4, 1024, 136), dtype, "cuda")
+    g, got = capture_output(lambda: _run(p, args))
+    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, args, got)
+    b = torch.randn(16, device="cuda", dtype=dtype)
+    x0, w0 = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=dtype)
+    torch.testing.assert_close(torch.ops.fusekit.decode_linear(x0, w0, None, "gelu", b),
+                               torch.nn.functional.gelu(b).expand(3, 16))
+    x, w = args[0], args[1]
+    for w2, act, bias, match in ((w, "silu_mul", args[2], "a bias b is taken with act"),
+                                 (None, "gelu", args[2][:8], "b must be a contiguous \\[N\\] vector"),
+                                 (None, "gelu", args[2].float(), "b must be a contiguous")):
+        with pytest.raises(RuntimeError, match=match):
+            torch.ops.fusekit.decode_linear(x, w, w2, act, bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -34,7 +34,7 @@
 
 #include "checks.h"       // FK_CHECK_CUDA, describe, aligned16
 #include "convert.cuh"    // to_float, from_float
-#include "fast_math.cuh"  // fast_silu, fast_gelu_tanh
+#include "fast_math.cuh"  // fast_silu, fast_gelu_tanh, fast_gelu_erf
 #include "launch.cuh"     // binary_version, launch_ex
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -78,8 +78,9 @@ constexpr int kMaxParts = 3;
 
 // NW = 2 (gated): one part, w[0] the gate and w[1] the up weight, out[0] = act(x w[0]^T) * (x w[1]^T), act SiLU
 // (SwiGLU) or tanh-GELU (GeGLU) by `act`.
-// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = x w[i]^T (+ bias[i] where not null); part i
-// owns the column tiles (8 NB columns each) [tile_end[i-1], tile_end[i]) of the grid's x (set by launch).
+// NW = 1: `parts` weights of one K, each N a multiple of 8, out[i] = act(x w[i]^T (+ bias[i] where not null)), act
+// none, GELU or tanh-GELU (a GPT-NeoX / Falcon / Phi-2 MLP's up projection); part i owns the column tiles (8 NB
+// columns each) [tile_end[i-1], tile_end[i]) of the grid's x (set by launch).
 struct Params {
   const void* x;
   const void* w[kMaxParts];
@@ -89,10 +90,10 @@ struct Params {
   int tile_end[kMaxParts];
   int parts;
   int m, k;
-  int act;  // NW = 2: kSiluMul or kGeluTanhMul
+  int act;  // NW = 2: kSiluMul or kGeluTanhMul; NW = 1: kNoAct, kGelu or kGeluTanh
 };
 
-enum GatedAct : int { kSiluMul = 0, kGeluTanhMul = 1 };
+enum Act : int { kNoAct = 0, kSiluMul = 1, kGeluTanhMul = 2, kGelu = 3, kGeluTanh = 4 };
 
 // Its part's index, selected with constant indices (a run-time index into the parameters would go through
 // local memory).
@@ -115,11 +116,18 @@ inline int set_tile_ends(Params& p, int cols) {
   return tiles;
 }
 
-// The gated epilogue (SwiGLU, GeGLU), rounded as eager: act(gate) * up with both products, and act's result, in T.
-template <typename T>
-__device__ __forceinline__ float gated_act(int act, float gate, float up) {
-  const float g = round_to<T>(gate);
-  return round_to<T>(act == kGeluTanhMul ? fast_gelu_tanh(g) : fast_silu(g)) * round_to<T>(up);
+// The epilogue of one output element from its float32 sums (s1: the up weight's, gated only), rounded as eager.
+// Gated (SwiGLU, GeGLU): act(gate) * up with both products, and act's result, in T. One weight: + bias in float32
+// (one rounding, as cuBLAS's addmm), then GELU of that rounded value (F.gelu(F.linear(x, w, b))).
+template <typename T, int NW>
+__device__ __forceinline__ float epilogue(int act, float s0, float s1, const T* bias, int col) {
+  if constexpr (NW == 2) {
+    const float g = round_to<T>(s0);
+    return round_to<T>(act == kGeluTanhMul ? fast_gelu_tanh(g) : fast_silu(g)) * round_to<T>(s1);
+  } else {
+    const float y = bias != nullptr ? s0 + to_float(bias[col]) : s0;
+    return act == kGelu ? fast_gelu_erf(round_to<T>(y)) : act == kGeluTanh ? fast_gelu_tanh(round_to<T>(y)) : y;
+  }
 }
 
 // ---- the end of a K split over a thread-block cluster (the split-K and TMA kernels) ----
@@ -131,7 +139,7 @@ constexpr int kMaxClusterSplits = 8;       // the portable cluster size
 // Cluster (1, S, 1), S = gridDim.y, rank = blockIdx.y; each CTA's float32 partial tile of its 64 columns is in its
 // shared memory, weight w's [x row][column] at red + w * R * kRedStride. This CTA sums its share (column pairs
 // rank, rank + S, ... of each row) over the ranks in rank order (deterministic), applies the epilogue (the gated
-// activation of the two weights, or the bias), rounds once and stores; then no CTA leaves while another still reads its memory.
+// activation of the two weights, or bias and activation), rounds once and stores; then no CTA leaves while another still reads its memory.
 template <typename T, int NW, int R, int kThreads>
 __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0, const float* red) {
   namespace cg = cooperative_groups;
@@ -164,9 +172,8 @@ __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0
         s[w].x += v[w][q].x, s[w].y += v[w][q].y;
       }
     }
-    float y0 = s[0].x, y1 = s[0].y;
-    if constexpr (NW == 2) y0 = gated_act<T>(p.act, s[0].x, s[1].x), y1 = gated_act<T>(p.act, s[0].y, s[1].y);
-    if (bias != nullptr) y0 += to_float(bias[n0 + col]), y1 += to_float(bias[n0 + col + 1]);
+    const float y0 = epilogue<T, NW>(p.act, s[0].x, s[NW - 1].x, bias, n0 + col);
+    const float y1 = epilogue<T, NW>(p.act, s[0].y, s[NW - 1].y, bias, n0 + col + 1);
     T* o = out + static_cast<int64_t>(row) * n + n0 + col;
     o[0] = from_float<T>(y0);
     o[1] = from_float<T>(y1);
@@ -261,10 +268,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
       for (int v = 0; v < kWarps; ++v) s[w] += red[((v * NW + w) * F + f) * 32 + l];
     }
     if (row < p.m && col < n) {
-      float y = s[0];
-      if constexpr (NW == 2) y = gated_act<T>(p.act, s[0], s[1]);
-      if (bias != nullptr) y += to_float(bias[col]);  // one rounding, as cuBLAS's bias epilogue (addmm)
-      out[static_cast<int64_t>(row) * n + col] = from_float<T>(y);
+      out[static_cast<int64_t>(row) * n + col] = from_float<T>(epilogue<T, NW>(p.act, s[0], s[NW - 1], bias, col));
     }
   }
 }
