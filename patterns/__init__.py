@@ -12,8 +12,8 @@ from .quantize import PATTERNS as QUANTIZE
 # Decode GEMMs after the matmul epilogues (a linear with a fused epilogue is theirs first) and before the
 # elementwise rules (silu_mul would take gate/up's product); except a linear's bias and GELU at a decode step's few
 # rows, which decode_linear's epilogue takes before the matmul epilogue's tiled GEMM would.
-PATTERNS = [*DECODE, *PREFILL, *ATTENTION, *DECODE_GEMM_EPILOGUES, *BATCHED_MATMUL, *DECODE_GEMM, *QUANTIZE,
-            *ELEMENTWISE]
+PATTERNS = [*DECODE, *PREFILL, *ATTENTION, *DECODE_GEMM_EPILOGUES, *BATCHED_MATMUL, *DECODE_GEMM,
+            *QUANTIZE, *ELEMENTWISE]
 
 # Inductor settings a family needs where one of its rules fired (registry.InductorSettings).
 INDUCTOR = {"decode": DECODE_INDUCTOR}

@@ -17,12 +17,14 @@ op alone, cold weights: at 32 rows down 13.4 -> 11.5 us, lm_head 52.0 -> 50.0, g
 o 6.5 -> 6.7; at 1-8 rows o 6.3 -> 5.7-5.9). Elsewhere (benchmarks/bench_decode_gemm.py): gate/up up to 8 rows
 (Llama-style 1.13x / 1.08x cuBLAS + Inductor's silu-mul at 1 / 8 rows, Qwen2-style 1.06x / 1.04x; 0.96-1.05x at
 16 and 32); the plain linear only where options={"patterns": [...]} names it (cuBLAS was faster at every
-projection, the op 0.43-0.98x), up to 32 rows.
+projection, the op 0.43-0.98x), up to 32 rows. A one-weight linear with no activation fires only up to N = 4096
+(narrow_weight: on an H200 wider ones, a fused q/k/v or an LM head, measured 0.86-0.96x cuBLAS at 8-64 rows).
+With a bias and GELU the op beats cuBLAS + Inductor's GELU (H200, GPT-NeoX's 2048 -> 8192: 1.04x at 1 and 32 rows)
+and matmul_epilogue's tiled GEMM by 2x (12.4 against 25.8 us).
 
-Rules: gate/up (longest first), q/k/v with biases, q/k/v, then the plain linear, each for a 3-D x (HF's [B, S, K],
-viewed to rows and back) and a 2-D one. Matched after the batched_matmul family, so a linear with a fused
-bias/activation epilogue is that family's first; a bias added after the product (Qwen2's q/k/v) stays Inductor's
-and fuses into its next pointwise kernel.
+Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
+for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a
+linear's bias with ReLU, SiLU or a residual is that family's first), except bias + GELU, matched before it.
 """
 from __future__ import annotations
 
@@ -34,8 +36,6 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 from fusion_backend import guards as G
 from fusion_backend.registry import Fixtures, Pattern, rand
 
-from .batched_matmul import gelu_new
-
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.OPS: the CUDA kernels take 16 bits)
 # Rows (batch x new tokens) up to which a rule fires. Where the decode GEMMs' TMA kernel runs (sm_90a builds:
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
@@ -43,6 +43,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32}
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
+MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none",
@@ -130,6 +131,19 @@ def few_rows(x: str, rule: str) -> G.Guard:
     return G.Guard(f"few_rows({x})", check, policy=True)
 
 
+def narrow_weight(w: str) -> G.Guard:
+    """Policy: a one-weight linear with no activation to fuse fires only where N <= MAX_PLAIN_N. Wider weights
+    (a fused q/k/v, an LM head) measured slower than cuBLAS (H200, op alone, cold weights: GPT-NeoX's
+    query_key_value N=6144 0.90-0.92x at 8-64 rows, LM heads N=32000 / 50304 0.86-0.96x at 8-64 rows but 1.01-1.02x
+    at 8-16 for 50304), narrow ones faster (N=2048: 1.00-1.26x at 1-64 rows)."""
+    def check(s: G.Site) -> str | None:
+        n = s.tensor(w).shape[0]
+        return None if known(n <= MAX_PLAIN_N) else \
+            f"N={n} (> {MAX_PLAIN_N}): a wide linear with no epilogue measured slower than cuBLAS"
+
+    return G.Guard(f"narrow_weight({w})", check, policy=True)
+
+
 def tma_default(dtype: torch.dtype, arch: str | None) -> bool:
     """The plain linear's CUDA default (Pattern.cuda_default): on where the TMA kernel runs; elsewhere opt-in, since
     fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection (0.43-0.98x, H100)."""
@@ -162,7 +176,8 @@ GPU_CASES = {3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (8, 2, 2048, 2048), (3, 
 
 def _gelu_new_of_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
     """The tanh-GELU bias rule as HF's NewGELUActivation (GPT-J, Phi-2's gelu_new) spells the activation out."""
-    return gelu_new(F.linear(x, w, b))
+    y = F.linear(x, w, b)
+    return 0.5 * y * (1.0 + torch.tanh(0.7978845608028654 * (y + 0.044715 * y ** 3)))
 
 
 def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "silu_mul",
@@ -184,7 +199,8 @@ def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "s
         cuda_default=True if gated else tma_default, variants=variants,
         guards=(G.same_dtype("x", *weights, *(("b",) if bias else ())), weight_operands("x", *weights, halves=halves),
                 *((splits_in_halves("w"),) if halves else ()), *((vectors("w", "b"),) if bias else ()),
-                few_rows("x", "gate_up_silu" if gated else "linear")),
+                few_rows("x", "gate_up_silu" if gated else "linear"),
+                *((narrow_weight("w"),) if not gated and static["act"] == "none" else ())),
         fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
                           gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case),
                           bad_reason="multiples of 8"),

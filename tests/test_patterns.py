@@ -276,6 +276,23 @@ def test_a_named_rule_skips_its_policy_guards():
         assert_same(rep.output, p.eager(*args))
 
 
+def test_wide_one_weight_linear_without_epilogue_stays_with_cublas():
+    """decode_gemm's plain and bias linears stop above N = MAX_PLAIN_N (a policy: wider weights measured slower than
+    cuBLAS, the near miss says so); with a bias and GELU to fuse the rule fires at any N."""
+    from fusion_backend.patterns.decode_gemm import MAX_PLAIN_N
+
+    for pid, n, fires in (("linear_2d", MAX_PLAIN_N, 1), ("linear_2d", MAX_PLAIN_N + 8, 0),
+                          ("linear_bias_2d", MAX_PLAIN_N + 8, 0), ("linear_bias_2d", 24, 1),
+                          ("linear_bias_gelu_2d", MAX_PLAIN_N + 8, 1)):
+        p = table.by_id(f"decode_gemm.{pid}")
+        args = p.make_args((2, 16, n), torch.float32, "cpu")
+        rep = explain(p.search_fn(), *args)
+        assert rep.sites[p.id] == fires, (pid, n, str(rep))
+        assert fires or any(m.pattern == p.id and m.policy and "wide linear" in m.reason
+                            for m in rep.near_misses), str(rep)
+        assert_same(rep.output, p.eager(*args))
+
+
 def test_opt_in_rules_report_no_shape_misses():
     """A rule that is off by default (here elementwise.mul_add, q * k + v: at parity with Inductor) reports no
     can-fire near misses at the sites it does not fit (a LayerNorm's x * w + b with a broadcast weight): they are
