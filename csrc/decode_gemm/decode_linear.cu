@@ -30,7 +30,7 @@
 #include <optional>
 #include <string>
 
-#include "decode_linear_splitk.cuh"  // launch_decode_linear, check_x, check_weight, rows, out_like
+#include "decode_linear_splitk.cuh"  // launch_decode_linear, check_x, check_weight, check_bias, rows, out_like
 #include "checks.h"                  // describe
 #include "dtype_dispatch.cuh"
 
@@ -54,11 +54,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& w, const st
   check_weight(x, w, kOp, "w");
   TORCH_CHECK(!(gated && b.has_value()), "fusekit: decode_linear: a bias b is taken with act 'none', 'gelu' and "
               "'gelu_tanh' only, not '", std::string(act), "'");
-  if (b.has_value())
-    TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() &&
-                    b->scalar_type() == x.scalar_type() && b->device() == x.device(),
-                "fusekit: decode_linear: b must be a contiguous [N] vector of x's dtype and device, N w's; got x ",
-                describe(x), ", w ", describe(w), ", b ", describe(*b));
+  check_bias(x, w, b, kOp, "b");
   if (halves) TORCH_CHECK(w.size(0) % 16 == 0, "fusekit: decode_linear: silu_mul_halves needs N / 2 a multiple of 8; "
                           "got ", describe(w));
   // silu_mul_halves: one [2N, K] weight, gate rows then up rows (a fused gate_up projection); each half is a

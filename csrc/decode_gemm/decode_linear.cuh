@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "checks.h"       // FK_CHECK_CUDA, describe, aligned16
@@ -316,6 +317,16 @@ inline void check_weight(const at::Tensor& x, const at::Tensor& w, const char* o
               " must be contiguous and 16-byte aligned; got ", describe(w));
   TORCH_CHECK(w.size(0) % 8 == 0 && w.size(0) < (int64_t{1} << 28), "fusekit: ", op, ": ", name,
               "'s N must be a multiple of 8 (below 2^28); got ", describe(w));
+}
+
+// A bias of weight w (none, or a contiguous [N] of x's dtype and device).
+inline void check_bias(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, const char* op,
+                       const char* name) {
+  if (!b.has_value()) return;
+  TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() &&
+                  b->scalar_type() == x.scalar_type() && b->device() == x.device(),
+              "fusekit: ", op, ": ", name, " must be a contiguous [N] vector of x's dtype and device, N its weight's;",
+              " got x ", describe(x), ", weight ", describe(w), ", ", name, " ", describe(*b));
 }
 
 inline int64_t rows(const at::Tensor& x, const char* op) {

@@ -24,22 +24,13 @@
 #include <optional>
 #include <tuple>
 
-#include "decode_linear_splitk.cuh"  // launch_decode_linear, check_x, check_weight, rows, out_like
-#include "checks.h"                  // describe
+#include "decode_linear_splitk.cuh"  // launch_decode_linear, check_x, check_weight, check_bias, rows, out_like
 #include "dtype_dispatch.cuh"
 
 namespace fusekit {
 namespace {
 
 using namespace decode_gemm;
-
-void check_bias(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, const char* name) {
-  if (!b.has_value()) return;
-  TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->is_contiguous() &&
-                  b->scalar_type() == x.scalar_type() && b->device() == x.device(),
-              "fusekit: decode_qkv: ", name, " must be a contiguous [N] vector of x's dtype and device, N its weight's;",
-              " got x ", describe(x), ", weight ", describe(w), ", ", name, " ", describe(*b));
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor& x, const at::Tensor& wq,
                                                                const at::Tensor& wk, const at::Tensor& wv,
@@ -51,9 +42,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_cuda(const at::Tensor&
   check_weight(x, wq, kOp, "wq");
   check_weight(x, wk, kOp, "wk");
   check_weight(x, wv, kOp, "wv");
-  check_bias(x, wq, bq, "bq");
-  check_bias(x, wk, bk, "bk");
-  check_bias(x, wv, bv, "bv");
+  check_bias(x, wq, bq, kOp, "bq");
+  check_bias(x, wk, bk, kOp, "bk");
+  check_bias(x, wv, bv, kOp, "bv");
   const int64_t K = x.size(-1), M = rows(x, kOp);
   const at::Tensor* ws[kMaxParts] = {&wq, &wk, &wv};
   const std::optional<at::Tensor>* bs[kMaxParts] = {&bq, &bk, &bv};
