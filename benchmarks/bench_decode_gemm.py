@@ -1,12 +1,15 @@
 """Measures the decode-GEMM rules (`decode_gemm.*`) at the linears of the benchmark models' decode steps (q, k/v,
 q+k+v, o, gate+up with SiLU-mul, down, lm_head): eager (cuBLAS), Inductor, fusekit (compiled; the rule fires where
 its guards let it) and the op called directly, at 1-64 rows (batch x new tokens), against the weight bytes at the
-measured copy bandwidth. Every weight is read cold, as in a step whose weights do not fit in L2: each timed
+measured copy bandwidth. With --int8-weights, the one-weight linears as torchao's int8 weight-only linears
+(`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
+cuBLAS on the 16-bit weight beside them (column bf16). Every weight is read cold, as in a step whose weights do not fit in L2: each timed
 function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R calls, the per-call time
 is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take turns over --rounds
 rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
     python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,32,64] [--models llama,qwen2] [--linears q+k+v,o]
+                                           [--int8-weights]
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import torch
 
 from fusion_backend.tools.cuda_graphs import capture
 from fusion_backend import stats
-from fusion_backend.patterns.decode_gemm import MAX_ROWS, MAX_ROWS_TMA, decode_linear_ref, decode_qkv_ref  # the table's references
+from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, decode_linear_ref,  # the table's references
+                                                 decode_linear_w8_ref, decode_qkv_ref)
 from fusion_backend.tools.models import MODELS
 
 MB = 2**20
@@ -45,8 +49,16 @@ def linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
             ("lm_head", h, (c["vocab_size"],), "plain")]
 
 
+def int8_linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
+    """The one-weight linears of `linears` (gate+up as gate alone), kind w8: int8 weight-only."""
+    return [(name.replace("gate+up", "gate"), k, ns[:1], "w8") for name, k, ns, kind in linears(spec)
+            if kind in ("plain", "silu_mul")]
+
+
 def reference_and_op(kind: str):
     """(the rule's reference, the op called directly) for a linear of `kind`, both taking (x, *weights)."""
+    if kind == "w8":  # (x, int8 w, scales)
+        return decode_linear_w8_ref, torch.ops.fusekit.decode_linear_w8
     if kind == "qkv":
         return decode_qkv_ref, torch.ops.fusekit.decode_qkv
     if kind.startswith("bias"):  # (x, w, b)
@@ -78,21 +90,30 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / ms / 1e6
 
 
+def weight_set(kind: str, k: int, ns: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """One set of a linear's weights (and bias, or int8 weight and scales)."""
+    if kind == "w8":
+        return [torch.randint(-128, 128, (ns[0], k), device="cuda", dtype=torch.int8),
+                (torch.rand(ns[0], device="cuda") * 0.02 / k ** 0.5 + 1e-4).to(dtype)]
+    return [torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] + \
+        ([torch.randn(ns[0], device="cuda", dtype=dtype)] if kind.startswith("bias") else [])
+
+
 def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[str] | None = None,
-        dtype=torch.bfloat16) -> list[dict]:
+        dtype=torch.bfloat16, int8: bool = False) -> list[dict]:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     out, seen = [], set()
     for spec in (MODELS[name] for name in models):
-        for name, k, ns, kind in linears(spec):
+        for name, k, ns, kind in (int8_linears if int8 else linears)(spec):
             if (k, ns, kind) in seen or (only and name not in only):
                 continue
             seen.add((k, ns, kind))
-            wbytes = sum(ns) * k * 2
+            wbytes = sum(ns) * k * (1 if kind == "w8" else 2)
             sets = max(2, min(64, math.ceil(256 * MB / wbytes)))
-            ws = [[torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] +
-                  ([torch.randn(ns[0], device="cuda", dtype=dtype)] if kind.startswith("bias") else [])
-                  for _ in range(sets)]
+            ws = [weight_set(kind, k, ns, dtype) for _ in range(sets)]
+            # cuBLAS on the 16-bit weights, beside an int8 weight-only linear
+            w16 = [torch.randn(ns[0], k, device="cuda", dtype=dtype) for _ in range(sets)] if kind == "w8" else None
             ref, op = reference_and_op(kind)
             for m in rows:
                 x = torch.randn(m, 1, k, device="cuda", dtype=dtype)
@@ -101,6 +122,8 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                 fk = torch.compile(ref, backend="fusekit")
                 fns = {"eager": lambda i: ref(x, *ws[i]), "inductor": lambda i: ind(x, *ws[i]),
                        "fusekit": lambda i: fk(x, *ws[i]), "op": lambda i: op(x, *ws[i])}
+                if w16 is not None:
+                    fns["bf16"] = lambda i: torch.nn.functional.linear(x, w16[i])
                 if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
                     fns["epilogue"] = lambda i: torch.ops.fusekit.matmul_epilogue(x, ws[i][0], ws[i][1], None, None,
                                                                                   "gelu", True)
@@ -122,9 +145,10 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                 print(f"{spec.name:6s} {name:8s} K={k:5d} N={row['N']:>14s} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
                       f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
-                      + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "") +
+                      + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
+                      + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "") +
                       f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
-            del ws
+            del ws, w16
     return out
 
 
@@ -134,15 +158,18 @@ def markdown(rows: list[dict], device: str) -> str:
              f"runs (sm_90a) every rule fires by default up to {MAX_ROWS_TMA['linear']} rows; elsewhere gate/up up to "
              f"{MAX_ROWS['gate_up_silu']} rows, q/k/v up to {MAX_ROWS['qkv']}, and the one-weight linears (plain, "
              f"bias, bias + GELU) only where named (up to {MAX_ROWS['linear']} rows). matmul_epilogue: "
-             f"fusekit::matmul_epilogue's tiled GEMM for bias + GELU.", "",
-             "| model | linear | K x N | rows | eager | Inductor | fusekit (sites) | op | matmul_epilogue | floor | "
-             "op vs Inductor | op % of floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"fusekit::matmul_epilogue's tiled GEMM for bias + GELU. Kind w8: int8 weight-only (`linear_w8` rules, "
+             f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; bf16: cuBLAS on a 16-bit "
+             f"weight of the same shape.", "",
+             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | matmul_epilogue | "
+             "bf16 | floor | op vs Inductor | op % of floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         epilogue = f"{r['epilogue_ms'] * 1e3:.1f}" if "epilogue_ms" in r else "-"
-        lines.append(f"| {r['model']} | {r['linear']} | {r['K']}x{r['N']} | {r['rows']} | {r['eager_ms'] * 1e3:.1f} | "
-                     f"{r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | {r['op_ms'] * 1e3:.1f} | "
-                     f"{epilogue} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
+        bf16 = f"{r['bf16_ms'] * 1e3:.1f}" if "bf16_ms" in r else "-"
+        lines.append(f"| {r['model']} | {r['linear']} | {r['kind']} | {r['K']}x{r['N']} | {r['rows']} | "
+                     f"{r['eager_ms'] * 1e3:.1f} | {r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
+                     f"{r['op_ms'] * 1e3:.1f} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"
 
@@ -176,11 +203,12 @@ def main() -> None:
     ap.add_argument("--linears", default="", help="only these (names as in the table: q,k/v,q+k+v,o,gate+up,down,lm_head)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--int8-weights", action="store_true", help="the one-weight linears as int8 weight-only (w8a16)")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps,
-               set(a.linears.split(",")) if a.linears else None)
+               set(a.linears.split(",")) if a.linears else None, int8=a.int8_weights)
     device = torch.cuda.get_device_name()
     (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     (out / "decode_gemm.md").write_text(markdown(rows, device))

@@ -82,6 +82,9 @@ OPS = {
     # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
     "decode_qkv": OpSpec("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
                          "Tensor? bv=None) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
+    # an int8 weight-only linear (w8a16) of a few rows: x [..., K] @ w.to(x.dtype)[N, K]^T * scales [N], rounded once
+    # (aten._weight_int8pack_mm's contract; torchao's Int8WeightOnlyConfig)
+    "decode_linear_w8": OpSpec("decode_linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor", cuda_dtypes=HALF),
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": OpSpec("verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"),
 }
@@ -251,6 +254,16 @@ def _(x, wq, wk, wv, bq=None, bk=None, bv=None):
                      lambda: f"decode_qkv: want x [..., K], w [N, K], b None or [N]; got {tuple(x.shape)}, "
                              f"{tuple(w.shape)}, {None if b is None else tuple(b.shape)}")
     return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_linear_w8")
+def _(x, w, scales):
+    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == torch.int8,
+                 lambda: f"decode_linear_w8: want x [..., K], w int8 [N, K]; got {tuple(x.shape)}, {w.dtype} "
+                         f"{tuple(w.shape)}")
+    torch._check(tuple(scales.shape) == (w.shape[0],) and scales.dtype == x.dtype,
+                 lambda: f"decode_linear_w8: scales must be [N] of x's dtype; got {scales.dtype} {tuple(scales.shape)}")
+    return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
 
 
 @torch.library.register_fake("fusekit::verify")

@@ -23,7 +23,7 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import _ext, guards, matcher, registry, table, unpad
+from . import _ext, guards, lowered, matcher, registry, table, unpad
 from .guards import SiteFailure
 from .options import Options
 from .stats import NearMiss, PassRun, new_record, publish
@@ -34,7 +34,7 @@ _PKG = pathlib.Path(__file__).resolve().parent
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
 ENGINE = ("backend", "options", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops",
-          "verify", "unpad", "_ext")
+          "verify", "unpad", "lowered", "_ext")
 
 
 def source_files() -> tuple[str, ...]:
@@ -97,6 +97,7 @@ class FusekitPass(CustomGraphPass):
             try:
                 enabled = [p for p in self.options.patterns if p not in skip]
                 record.match_attempts = 0
+                lowered.expand(graph)  # Inductor's woq_int8 lowering calls, as the ATen ops they stand for
                 padded = unpad.strip(graph)  # rules match the unpadded chain; padding goes back where none did
                 for fp in matcher.family_passes(graph, enabled, dtypes, run):
                     # found before this family's rules take the nodes, recorded after them (a guard's own

@@ -200,6 +200,9 @@ def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor], pad: bool | 
 
     class Capture:
         def __call__(self, graph: torch.fx.Graph) -> None:
+            from . import lowered
+
+            lowered.expand(graph)  # as the pass sees it
             box["graph"] = graph
             raise _Captured
 

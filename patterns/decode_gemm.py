@@ -41,8 +41,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32}
-MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64}
+MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 
 
@@ -57,6 +57,16 @@ def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str =
     if act in ("gelu", "gelu_tanh"):  # an MLP's up projection with its bias (GPT-NeoX, Phi-2, GPT-J)
         return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
+
+
+def decode_linear_w8_ref(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
+    """An int8 weight-only linear as torchao's Int8WeightOnlyConfig computes it (w int8 [N, K], scales [N])."""
+    return F.linear(x, w.to(x.dtype)) * scales
+
+
+def _weight_int8pack_mm(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
+    """The same linear as Inductor's woq_int8 lowering leaves it for bfloat16 (fusion_backend/lowered.py)."""
+    return torch.ops.aten._weight_int8pack_mm(x, w, scales)
 
 
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
@@ -96,6 +106,28 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True, halves: bool 
         return None
 
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
+
+
+def int8_weight_operands(x: str, w: str, scales: str) -> G.Guard:
+    """Can fire: static sizes; x [..., K] contiguous, K a positive multiple of 16 (a lane reads 16 int8 at once);
+    w a contiguous int8 [N, K]; scales a contiguous [N]; x and w 16-byte aligned."""
+    def check(s: G.Site) -> str | None:
+        tx, tw, ts = s.tensor(x), s.tensor(w), s.tensor(scales)
+        sizes = [v for t in (tx, tw, ts) for v in (*t.shape, *t.stride(), t.storage_offset())]
+        if not all(isinstance(v, int) for v in sizes):
+            return "symbolic sizes or strides"
+        k = tx.shape[-1]
+        if tx.dim() < 2 or not tx.is_contiguous() or k == 0 or k % 16:
+            return f"{x} {tuple(tx.shape)} must be contiguous rows with K a multiple of 16"
+        if tw.dtype != torch.int8 or tw.dim() != 2 or tw.shape[1] != k or not tw.is_contiguous():
+            return f"{w} {tw.dtype} {tuple(tw.shape)} is not a contiguous int8 [N, {k}] weight"
+        if ts.dim() != 1 or ts.shape[0] != tw.shape[0] or not ts.is_contiguous():
+            return f"{scales} {tuple(ts.shape)} is not a contiguous [{tw.shape[0]}] vector"
+        if tx.storage_offset() % 8 or tw.storage_offset() % 16:
+            return "x or w does not start on 16 bytes"
+        return None
+
+    return G.Guard(f"int8_weight_operands({x}, {w}, {scales})", check)
 
 
 def splits_in_halves(w: str) -> G.Guard:
@@ -252,6 +284,28 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
     )
 
 
+def _w8_inputs(case, dt, dev):
+    *rows, k, n = case
+    return (rand((*rows, k), dt, dev), torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8),
+            (torch.rand(n, device=dev) * 0.02 / k ** 0.5 + 1e-4).to(dt))
+
+
+def _w8_rule(rank: int) -> Pattern:
+    """torchao's int8 weight-only linear (w8a16) of a decode step: the int8 weight widened inside the GEMM."""
+    trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
+    return Pattern(
+        f"decode_gemm.linear_w8{'' if rank == 3 else '_2d'}", reference=decode_linear_w8_ref, op="decode_linear_w8",
+        dtypes=DTYPES, inputs=_w8_inputs, trace="inductor", trace_case=trace_case,
+        graph_forms=(_weight_int8pack_mm,) if rank == 2 else (),
+        guards=(G.same_dtype("x", "scales"), int8_weight_operands("x", "w", "scales"), few_rows("x", "linear_w8")),
+        fixtures=Fixtures(
+            cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
+            gpu_cases={3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
+                       2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1040, 24))}[rank],
+            bad_layout=lambda dt, dev: _w8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
 # A linear's bias and GELU (GPT-NeoX, Falcon, Phi-2, GPT-J MLPs' up projection; gelu_new as the tanh form): matched
 # before the matmul epilogues (patterns/__init__.py), which take the same chain at any row count; here only a decode
 # step's few rows (few_rows), where the pass over the weight is the cost.
@@ -268,4 +322,6 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             _qkv_rule(3, False), _qkv_rule(2, False),
             # a linear's bias (GPT-NeoX's query_key_value and dense layers) before the plain linear, its suffix
             _rule("linear_bias", False, 3, act="none", bias=True), _rule("linear_bias", False, 2, act="none", bias=True),
-            _rule("linear", False, 3), _rule("linear", False, 2)]
+            _rule("linear", False, 3), _rule("linear", False, 2),
+            # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
+            _w8_rule(3), _w8_rule(2)]

@@ -651,6 +651,42 @@ def test_decode_linear_bias_and_gelu(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
+    """decode_linear_w8 (int8 weight-only): every int8 value widened exactly (a weight of all 256 values against
+    one-hot rows), rows over one, two and four 16-row tiles and past the rule's 64, K not a multiple of the 64-wide
+    chunk, N not of the 8-column tile; within the 2x rule of eager; inside a CUDA graph too. bfloat16 also against
+    aten._weight_int8pack_mm (the kernel it replaces). Bad direct calls raise fusekit errors."""
+    p = table.by_id("decode_gemm.linear_w8_2d")
+    for m in (1, 8, 17, 33, 64, 70):
+        for k, n in ((80, 200), (2048, 8192), (8192, 2048)):
+            args = p.make_args((m, k, n), dtype, "cuda")
+            out = _run(p, args)
+            _check(p, args, out)
+            if dtype == torch.bfloat16:
+                want = torch._weight_int8pack_mm(*args)
+                assert (out.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
+    w = torch.arange(-128, 128, device="cuda", dtype=torch.int8).view(16, 16)  # every int8 value once
+    x, ones = torch.eye(16, device="cuda", dtype=dtype), torch.ones(16, device="cuda", dtype=dtype)
+    assert torch.equal(torch.ops.fusekit.decode_linear_w8(x, w, ones), w.t().to(dtype))
+    args = p.make_args((5, 1024, 136), dtype, "cuda")
+    g, got = capture_output(lambda: _run(p, args))
+    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, args, got)
+    x0, w0 = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=torch.int8)
+    assert torch.equal(torch.ops.fusekit.decode_linear_w8(x0, w0, ones), torch.zeros(3, 16, device="cuda", dtype=dtype))
+    x, w, s = args
+    for xx, ww, ss, match in ((x[:, :1000], w[:, :1000], s, "multiple of 16"),
+                              (x, w.to(dtype), s, "must be an int8"),
+                              (x, w.t().contiguous().t(), s, "contiguous"),
+                              (x, w, s.float(), "scales must be a contiguous"),
+                              (x, w, s[:8], "scales must be a contiguous")):
+        with pytest.raises(RuntimeError, match=match):
+            torch.ops.fusekit.decode_linear_w8(xx.contiguous(), ww, ss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_qkv_parts_tails_and_graphs(dtype):
     """decode_qkv: the three parts' column tiles side by side in one grid, at row counts over one, two and
     four 16-row tiles, K tails, parts of 8 columns and parts with none (left out of the grid); every output

@@ -65,7 +65,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         gen_caches = tuple(None if x == "auto" else int(x) for x in a.gen_cache.split(",")) if a.gen_cache else None
         decode_bench.bench(names, pathlib.Path(a.out), None, ints(a.batches), ints(a.positions),
-                           generate=a.generate, gen_caches=gen_caches, enable=enable)
+                           generate=a.generate, gen_caches=gen_caches, enable=enable, quant=a.quant)
     return 0
 
 
@@ -251,6 +251,9 @@ def parser() -> argparse.ArgumentParser:
                    "auto = prompt + new, transformers' own (default auto,4096)")
     b.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires "
                    "(options={'enable': [...]}), e.g. decode.mha")
+    b.add_argument("--quant", default=None, choices=("int8-weight-only",),
+                   help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
+                        "int8-weight-only: Int8WeightOnlyConfig")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

@@ -40,13 +40,35 @@ def length_counters(cache: Any) -> list[torch.Tensor]:
             if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
 
 
+# torchao configurations `--quant` names (torchao is optional: fusekit[quant])
+QUANT = {"int8-weight-only": "Int8WeightOnlyConfig"}
+
+
+def quantize(model: Any, quant: str) -> None:
+    """torchao's quantize_ with the configuration `quant` names, in place."""
+    import torchao.quantization as tq
+
+    tq.quantize_(model, getattr(tq, QUANT[quant])())
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a parameter as stored: a tensor subclass (a torchao quantized weight) by its inner tensors."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 class Step:
     """One decode step of `name` at batch `batch` against a StaticCache of `cache_len` slots."""
 
-    def __init__(self, name: str, device: str, batch: int, cache_len: int, dtype: torch.dtype | None = None):
+    def __init__(self, name: str, device: str, batch: int, cache_len: int, dtype: torch.dtype | None = None,
+                 quant: str | None = None):
         from transformers import StaticCache
 
         self.model, _, self.desc = models.make(name, device, dtype, batch, 1)
+        if quant:
+            quantize(self.model, quant)
         cfg = self.model.config
         limit = getattr(cfg, "max_position_embeddings", None) or cfg.n_positions
         self.cache_len = min(cache_len, limit)
@@ -110,7 +132,7 @@ class Step:
         return total
 
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return sum(tensor_bytes(p) for p in self.model.parameters())
 
 
 class Prompt:
@@ -178,9 +200,9 @@ def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) 
 
 
 def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, cache_len: int, bw: float | None,
-              log: Callable[[str], None] = print, enable: tuple[str, ...] = ()) -> dict:
+              log: Callable[[str], None] = print, enable: tuple[str, ...] = (), quant: str | None = None) -> dict:
     cpu = device == "cpu"
-    st = Step(name, device, batch, cache_len)
+    st = Step(name, device, batch, cache_len, quant=quant)
     positions = tuple(p for p in positions if p < st.cache_len) or (st.cache_len // 2,)
     res: dict[str, Any] = {**st.desc, "seq": 1, "cache_len": st.cache_len, "backends": {}, "positions": {}}
     wbytes = st.weight_bytes()
@@ -333,7 +355,9 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
              f"min-max in decode.json); +graph = the compiled step replayed as a CUDA "
              f"graph. Floor = (weights + KV rows visible at the position) / copy bandwidth "
              f"({(env.get('copy_gbps') or 0):,.0f} GB/s)."
-             + (f" fusekit with options={{'enable': {env['enable']}}}." if env.get("enable") else ""), "",
+             + (f" fusekit with options={{'enable': {env['enable']}}}." if env.get("enable") else "")
+             + (f" Every backend runs the model quantized by torchao ({env['quant']}: {QUANT[env['quant']]}); the "
+                f"floor counts the weights at their stored size." if env.get("quant") else ""), "",
              "| model | batch | position | eager | Inductor | fusekit | Inductor+graph | fusekit+graph | "
              "speedup | speedup+graph | floor ms | floor / fusekit | sites |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -401,7 +425,8 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
 
 def bench(names: list[str], out: pathlib.Path, device: str | None = None, batches: tuple[int, ...] | None = None,
           positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None,
-          gen_caches: tuple[int | None, ...] | None = None, enable: tuple[str, ...] = ()) -> list[dict]:
+          gen_caches: tuple[int | None, ...] | None = None, enable: tuple[str, ...] = (),
+          quant: str | None = None) -> list[dict]:
     from .e2e import environment
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -414,7 +439,9 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
     bw = None if cpu else copy_bandwidth(device)
     env["copy_gbps"] = bw / 1e9 if bw else None
     env["enable"] = list(enable)
-    print(f"fusekit bench --phase decode on {env['device']} (torch {env['torch']}): {', '.join(names)}; "
+    env["quant"] = quant
+    print(f"fusekit bench --phase decode{' --quant ' + quant if quant else ''} on {env['device']} "
+          f"(torch {env['torch']}): {', '.join(names)}; "
           f"batches {batches}; positions {positions} of {cache_len}", flush=True)
     results: list[dict] = []
     gens: list[dict] = []
@@ -433,7 +460,7 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
         for b in batches:
             print(f"[{i}/{len(names)} {time.time() - t0:5.0f}s] {name} batch {b}", flush=True)
             results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True),
-                                     enable=enable))
+                                     enable=enable, quant=quant))
             save()
     if generate if generate is not None else not cpu:
         # the cache transformers sizes to the run, and (GPU) the bench's serving-sized one
