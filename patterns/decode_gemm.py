@@ -69,6 +69,12 @@ def _weight_int8pack_mm(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     return torch.ops.aten._weight_int8pack_mm(x, w, scales)
 
 
+def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
+    """The same linear at one row under Inductor's coordinate_descent_tuning (torchao's quantize_ turns it on): its mm
+    decomposition writes x [1, K] @ w.T as (x[:, :, None] * w.T[None]).sum(1) in float32."""
+    return (x.float().unsqueeze(2) * w.to(x.dtype).t().float().unsqueeze(0)).sum(1).to(x.dtype) * scales
+
+
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
     """The halves rule as Phi-3 writes it: up * silu(gate) (operands of two computed values are not commuted)."""
     gate, up = F.linear(x, w).chunk(2, dim=-1)
@@ -296,7 +302,7 @@ def _w8_rule(rank: int) -> Pattern:
     return Pattern(
         f"decode_gemm.linear_w8{'' if rank == 3 else '_2d'}", reference=decode_linear_w8_ref, op="decode_linear_w8",
         dtypes=DTYPES, inputs=_w8_inputs, trace="inductor", trace_case=trace_case,
-        graph_forms=(_weight_int8pack_mm,) if rank == 2 else (),
+        graph_forms=(_weight_int8pack_mm, _w8_mm_as_mul_sum) if rank == 2 else (),
         guards=(G.same_dtype("x", "scales"), int8_weight_operands("x", "w", "scales"), few_rows("x", "linear_w8")),
         fixtures=Fixtures(
             cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
