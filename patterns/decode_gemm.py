@@ -22,6 +22,10 @@ projection, the op 0.43-0.98x), up to 32 rows. A one-weight linear with no activ
 With a bias and GELU the op beats cuBLAS + Inductor's GELU (H200, GPT-NeoX's 2048 -> 8192: 1.04x at 1 and 32 rows)
 and matmul_epilogue's tiled GEMM by 2x (12.4 against 25.8 us).
 
+int8 weight-only linears (torchao's Int8WeightOnlyConfig: ``F.linear(x, w.to(x.dtype)) * scales``) take
+``fusekit::decode_linear_w8``, which widens the int8 weight in registers; Inductor's own kernel for them
+(aten._weight_int8pack_mm) measured 16.6-100x slower at 1-64 rows (H200, benchmarks/RESULTS.md).
+
 Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
 for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a
 linear's bias with ReLU, SiLU or a residual is that family's first), except bias + GELU, matched before it.
@@ -71,8 +75,9 @@ def _weight_int8pack_mm(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
 
 def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     """The same linear at one row under Inductor's coordinate_descent_tuning (torchao's quantize_ turns it on): its mm
-    decomposition writes x [1, K] @ w.T as (x[:, :, None] * w.T[None]).sum(1) in float32."""
-    return (x.float().unsqueeze(2) * w.to(x.dtype).t().float().unsqueeze(0)).sum(1).to(x.dtype) * scales
+    decomposition writes x [1, K] @ w.T as (x[:, :, None] * w.T[None]).sum(1) in float32, the weight's int8 -> 16-bit
+    -> float32 casts folded into one (as an H200's post-grad graph of torch 2.11 shows it)."""
+    return (x.float().unsqueeze(2) * w.t().float().unsqueeze(0)).sum(1).to(x.dtype) * scales
 
 
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:

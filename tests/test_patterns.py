@@ -293,6 +293,28 @@ def test_wide_one_weight_linear_without_epilogue_stays_with_cublas():
         assert_same(rep.output, p.eager(*args))
 
 
+def test_int8_weight_only_linear_in_the_forms_inductor_leaves():
+    """torchao's Int8WeightOnlyConfig linear (F.linear(x, w.to(x.dtype)) * scales, the scale a float32 [N, 1] cast to
+    x's dtype) fires decode_gemm.linear_w8 in each form Inductor leaves it in: as written (fp16, fp32), as its
+    woq_int8 lowering (bf16; lowered.py writes it back as aten._weight_int8pack_mm), and at one row as the mm
+    decomposition of coordinate_descent_tuning, spelled as an H200's post-grad graph holds it (mul + sum in float32)."""
+    def torchao_linear(x, w, s32):
+        return torch.nn.functional.linear(x, w.to(x.dtype)) * s32.to(x.dtype).view(-1)
+
+    def one_row_as_sum(x, w, s32):  # torch 2.11 on an H200, torchao 0.18, batch 1
+        y = (x.view(-1, x.shape[-1]).float().unsqueeze(2) * w.permute(1, 0).float().unsqueeze(0)).sum([1])
+        return (y.to(x.dtype) * s32.to(x.dtype).view(-1)).view(*x.shape[:-1], -1)
+
+    w, s32 = torch.randint(-128, 128, (48, 64), dtype=torch.int8), torch.rand(48, 1) * 0.01 + 1e-3
+    for fn, dt, rows in ((torchao_linear, torch.float16, 3), (torchao_linear, torch.bfloat16, 3),
+                         (torchao_linear, torch.float32, 3), (one_row_as_sum, torch.bfloat16, 1)):
+        x = torch.randn(rows, 1, 64, dtype=dt)
+        rep = explain(fn, x, w, s32)
+        fired = rep.sites["decode_gemm.linear_w8"] + rep.sites["decode_gemm.linear_w8_2d"]
+        assert fired == 1, (fn.__name__, dt, str(rep))
+        torch.testing.assert_close(rep.output, fn(x, w, s32), **_inductor_tol(table.by_id("decode_gemm.linear_w8"), dt))
+
+
 def test_opt_in_rules_report_no_shape_misses():
     """A rule that is off by default (here elementwise.mul_add, q * k + v: at parity with Inductor) reports no
     can-fire near misses at the sites it does not fit (a LayerNorm's x * w + b with a broadcast weight): they are
