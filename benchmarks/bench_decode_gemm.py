@@ -3,10 +3,10 @@ q+k+v, o, gate+up with SiLU-mul, down, lm_head): eager (cuBLAS), Inductor, fusek
 its guards let it) and the op called directly, at 1-64 rows (batch x new tokens), against the weight bytes at the
 measured copy bandwidth. With --int8-weights, the one-weight linears as torchao's int8 weight-only linears
 (`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
-cuBLAS on the 16-bit weight beside them (column bf16). Every weight is read cold, as in a step whose weights do not fit in L2: each timed
-function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R calls, the per-call time
-is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take turns over --rounds
-rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
+cuBLAS on the 16-bit weight beside them (column bf16). Every weight is read cold, as in a step whose weights do not
+fit in L2: each timed function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R
+calls, the per-call time is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take
+turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
     python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,32,64] [--models llama,qwen2] [--linears q+k+v,o]
                                            [--int8-weights]
@@ -22,7 +22,7 @@ import statistics
 import torch
 
 from fusion_backend.tools.cuda_graphs import capture
-from fusion_backend import stats
+from fusion_backend import stats, table
 from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, decode_linear_ref,  # the table's references
                                                  decode_linear_w8_ref, decode_qkv_ref)
 from fusion_backend.tools.models import MODELS
@@ -92,9 +92,8 @@ def copy_bandwidth() -> float:
 
 def weight_set(kind: str, k: int, ns: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
     """One set of a linear's weights (and bias, or int8 weight and scales)."""
-    if kind == "w8":
-        return [torch.randint(-128, 128, (ns[0], k), device="cuda", dtype=torch.int8),
-                (torch.rand(ns[0], device="cuda") * 0.02 / k ** 0.5 + 1e-4).to(dtype)]
+    if kind == "w8":  # the rule's own test inputs: (x, w, scales)
+        return list(table.by_id("decode_gemm.linear_w8_2d").make_args((1, k, ns[0]), dtype, "cuda")[1:])
     return [torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] + \
         ([torch.randn(ns[0], device="cuda", dtype=dtype)] if kind.startswith("bias") else [])
 
