@@ -3,13 +3,14 @@ q+k+v, o, gate+up with SiLU-mul, down, lm_head): eager (cuBLAS), Inductor, fusek
 its guards let it) and the op called directly, at 1-64 rows (batch x new tokens), against the weight bytes at the
 measured copy bandwidth. With --int8-weights, the one-weight linears as torchao's int8 weight-only linears
 (`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
-cuBLAS on the 16-bit weight beside them (column bf16). Every weight is read cold, as in a step whose weights do not
+cuBLAS on the 16-bit weight beside them (column bf16); with --fp8, as torchao's float8 dynamic per-row linears
+(`decode_gemm.linear_fp8*`, written as torchao writes them: x quantized per row, aten._scaled_mm). Every weight is read cold, as in a step whose weights do not
 fit in L2: each timed function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R
 calls, the per-call time is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take
 turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
     python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,32,64] [--models llama,qwen2] [--linears q+k+v,o]
-                                           [--int8-weights]
+                                           [--int8-weights | --fp8]
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ import torch
 
 from fusion_backend.tools.cuda_graphs import capture
 from fusion_backend import stats, table
-from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, decode_linear_ref,  # the table's references
-                                                 decode_linear_w8_ref, decode_qkv_ref)
+from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, _fp8_scaled_mm,  # the table's references
+                                                 decode_linear_ref, decode_linear_w8_ref, decode_qkv_ref)
 from fusion_backend.tools.models import MODELS
 
 MB = 2**20
@@ -49,9 +50,10 @@ def linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
             ("lm_head", h, (c["vocab_size"],), "plain")]
 
 
-def int8_linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
-    """The one-weight linears of `linears` (gate+up as gate alone), kind w8: int8 weight-only."""
-    return [(name.replace("gate+up", "gate"), k, ns[:1], "w8") for name, k, ns, kind in linears(spec)
+def quantized_linears(spec, quant: str) -> list[tuple[str, int, tuple[int, ...], str]]:
+    """The one-weight linears of `linears` (gate+up as gate alone) of kind `quant`: w8 (int8 weight-only) or fp8
+    (float8 dynamic per-row)."""
+    return [(name.replace("gate+up", "gate"), k, ns[:1], quant) for name, k, ns, kind in linears(spec)
             if kind in ("plain", "silu_mul")]
 
 
@@ -59,6 +61,8 @@ def reference_and_op(kind: str):
     """(the rule's reference, the op called directly) for a linear of `kind`, both taking (x, *weights)."""
     if kind == "w8":  # (x, int8 w, scales)
         return decode_linear_w8_ref, torch.ops.fusekit.decode_linear_w8
+    if kind == "fp8":  # (x, e4m3 w, w_scale): torchao's spelling, aten._scaled_mm, as Inductor gets it
+        return _fp8_scaled_mm, torch.ops.fusekit.decode_linear_fp8
     if kind == "qkv":
         return decode_qkv_ref, torch.ops.fusekit.decode_qkv
     if kind.startswith("bias"):  # (x, w, b)
@@ -92,27 +96,28 @@ def copy_bandwidth() -> float:
 
 def weight_set(kind: str, k: int, ns: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
     """One set of a linear's weights (and bias, or int8 weight and scales)."""
-    if kind == "w8":  # the rule's own test inputs: (x, w, scales)
-        return list(table.by_id("decode_gemm.linear_w8_2d").make_args((1, k, ns[0]), dtype, "cuda")[1:])
+    if kind in ("w8", "fp8"):  # the rule's own test inputs: (x, w, scales)
+        rule = "decode_gemm.linear_w8_2d" if kind == "w8" else "decode_gemm.linear_fp8_2d"
+        return list(table.by_id(rule).make_args((1, k, ns[0]), dtype, "cuda")[1:])
     return [torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] + \
         ([torch.randn(ns[0], device="cuda", dtype=dtype)] if kind.startswith("bias") else [])
 
 
 def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[str] | None = None,
-        dtype=torch.bfloat16, int8: bool = False) -> list[dict]:
+        dtype=torch.bfloat16, quant: str = "") -> list[dict]:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     out, seen = [], set()
     for spec in (MODELS[name] for name in models):
-        for name, k, ns, kind in (int8_linears if int8 else linears)(spec):
+        for name, k, ns, kind in (quantized_linears(spec, quant) if quant else linears(spec)):
             if (k, ns, kind) in seen or (only and name not in only):
                 continue
             seen.add((k, ns, kind))
-            wbytes = sum(ns) * k * (1 if kind == "w8" else 2)
+            wbytes = sum(ns) * k * (1 if quant else 2)
             sets = max(2, min(64, math.ceil(256 * MB / wbytes)))
             ws = [weight_set(kind, k, ns, dtype) for _ in range(sets)]
-            # cuBLAS on the 16-bit weights, beside an int8 weight-only linear
-            w16 = [torch.randn(ns[0], k, device="cuda", dtype=dtype) for _ in range(sets)] if kind == "w8" else None
+            # cuBLAS on the 16-bit weights, beside an 8-bit linear
+            w16 = [torch.randn(ns[0], k, device="cuda", dtype=dtype) for _ in range(sets)] if quant else None
             ref, op = reference_and_op(kind)
             for m in rows:
                 x = torch.randn(m, 1, k, device="cuda", dtype=dtype)
@@ -158,8 +163,9 @@ def markdown(rows: list[dict], device: str) -> str:
              f"{MAX_ROWS['gate_up_silu']} rows, q/k/v up to {MAX_ROWS['qkv']}, and the one-weight linears (plain, "
              f"bias, bias + GELU) only where named (up to {MAX_ROWS['linear']} rows). matmul_epilogue: "
              f"fusekit::matmul_epilogue's tiled GEMM for bias + GELU. Kind w8: int8 weight-only (`linear_w8` rules, "
-             f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; bf16: cuBLAS on a 16-bit "
-             f"weight of the same shape.", "",
+             f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; kind fp8: float8 dynamic per-row "
+             f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); "
+             f"bf16: cuBLAS on a 16-bit weight of the same shape.", "",
              "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | matmul_epilogue | "
              "bf16 | floor | op vs Inductor | op % of floor |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -203,11 +209,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--int8-weights", action="store_true", help="the one-weight linears as int8 weight-only (w8a16)")
+    ap.add_argument("--fp8", action="store_true", help="the one-weight linears as float8 dynamic per-row (torchao's)")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps,
-               set(a.linears.split(",")) if a.linears else None, int8=a.int8_weights)
+               set(a.linears.split(",")) if a.linears else None, quant="w8" if a.int8_weights else "fp8" if a.fp8 else "")
     device = torch.cuda.get_device_name()
     (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     (out / "decode_gemm.md").write_text(markdown(rows, device))

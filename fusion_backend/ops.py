@@ -85,6 +85,10 @@ OPS = {
     # an int8 weight-only linear (w8a16) of a few rows: x [..., K] @ w.to(x.dtype)[N, K]^T * scales [N], rounded once
     # (aten._weight_int8pack_mm's contract; torchao's Int8WeightOnlyConfig)
     "decode_linear_w8": OpSpec("decode_linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor", cuda_dtypes=HALF),
+    # a float8 dynamic per-row linear of a few rows, x's quantization included: x [..., K] quantized per row to e4m3
+    # (scale max|x| / 448), @ w[N, K]^T (e4m3), times both scales (w_scale [N, 1] float32); torchao's
+    # Float8DynamicActivationFloat8WeightConfig(PerRow) as aten._scaled_mm computes it
+    "decode_linear_fp8": OpSpec("decode_linear_fp8(Tensor x, Tensor w, Tensor w_scale) -> Tensor", cuda_dtypes=HALF),
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": OpSpec("verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"),
 }
@@ -263,6 +267,16 @@ def _(x, w, scales):
                          f"{tuple(w.shape)}")
     torch._check(tuple(scales.shape) == (w.shape[0],) and scales.dtype == x.dtype,
                  lambda: f"decode_linear_w8: scales must be [N] of x's dtype; got {scales.dtype} {tuple(scales.shape)}")
+    return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_linear_fp8")
+def _(x, w, w_scale):
+    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == torch.float8_e4m3fn,
+                 lambda: f"decode_linear_fp8: want x [..., K], w float8_e4m3fn [N, K]; got {tuple(x.shape)}, "
+                         f"{w.dtype} {tuple(w.shape)}")
+    torch._check(w_scale.numel() == w.shape[0] and w_scale.dtype == torch.float32,
+                 lambda: f"decode_linear_fp8: w_scale must be N float32; got {w_scale.dtype} {tuple(w_scale.shape)}")
     return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
 
 

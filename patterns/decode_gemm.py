@@ -45,8 +45,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64}
-MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 64}
+MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 
 
@@ -78,6 +78,43 @@ def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     decomposition writes x [1, K] @ w.T as (x[:, :, None] * w.T[None]).sum(1) in float32, the weight's int8 -> 16-bit
     -> float32 casts folded into one (as an H200's post-grad graph of torch 2.11 shows it)."""
     return (x.float().unsqueeze(2) * w.t().float().unsqueeze(0)).sum(1).to(x.dtype) * scales
+
+
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def _fp8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """torchao's dynamic per-row float8 quantization of x (_choose_scale_float8, _quantize_affine_float8): the row's
+    max |x| / 448 in x's dtype, then float32; x / scale in float32, clamped to +-448, cast to e4m3."""
+    s = (x.abs().amax(x.dim() - 1, keepdim=True) / FP8_MAX).float()
+    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), s
+
+
+def decode_linear_fp8_ref(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """A float8 dynamic per-row linear (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): x quantized per
+    row, the e4m3 products summed in float32, times the row's and the weight row's scales (w e4m3 [N, K], w_scale
+    float32 [N, 1]); the fp8 GEMM spelled in float32, as eager on a CPU (aten._scaled_mm is the CUDA graph's form)."""
+    xq, s = _fp8_rows(x)
+    return ((xq.float() @ w.float().t()) * s * w_scale.float().reshape(1, -1)).to(x.dtype)
+
+
+def _scaled_mm_of(x: Tensor, w: Tensor, w_scale: Tensor, fast_accum: bool) -> Tensor:
+    xq, s = _fp8_rows(x)
+    y = torch._scaled_mm(xq.reshape(-1, x.shape[-1]), w.t(), s.unsqueeze(-1).reshape(-1, 1), w_scale.t(),
+                         out_dtype=x.dtype, use_fast_accum=fast_accum)
+    return y.reshape(x.shape[:-1] + w.shape[:1])
+
+
+def _fp8_scaled_mm(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """The same linear as torchao 0.18 writes it for aten._scaled_mm (Float8Tensor's _float8_addmm_impl: rows
+    flattened, the scale reshaped to [M, 1], the weight and its scales transposed views; use_fast_accum, its
+    default)."""
+    return _scaled_mm_of(x, w, w_scale, True)
+
+
+def _fp8_scaled_mm_precise(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """The same with Float8MMConfig(use_fast_accum=False): the CUDA kernel's float32 sums serve both."""
+    return _scaled_mm_of(x, w, w_scale, False)
 
 
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
@@ -119,9 +156,11 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True, halves: bool 
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
 
 
-def int8_weight_operands(x: str, w: str, scales: str) -> G.Guard:
-    """Can fire: static sizes; x [..., K] contiguous, K a positive multiple of 16 (a lane reads 16 int8 at once);
-    w a contiguous int8 [N, K]; scales a contiguous [N]; x and w 16-byte aligned."""
+def weight8_operands(x: str, w: str, scales: str, wdtype: torch.dtype = torch.int8) -> G.Guard:
+    """Can fire: static sizes; x [..., K] contiguous, K a positive multiple of 16 (a lane reads 16 8-bit weights at
+    once); w a contiguous [N, K] of `wdtype` (int8, or float8_e4m3fn); scales N contiguous values: a [N] vector (int8:
+    torchao's weight-only scales) or float32 [N] / [N, 1] (fp8: torchao's per-row weight scales); x and w 16-byte
+    aligned."""
     def check(s: G.Site) -> str | None:
         tx, tw, ts = s.tensor(x), s.tensor(w), s.tensor(scales)
         sizes = [v for t in (tx, tw, ts) for v in (*t.shape, *t.stride(), t.storage_offset())]
@@ -130,15 +169,17 @@ def int8_weight_operands(x: str, w: str, scales: str) -> G.Guard:
         k = tx.shape[-1]
         if tx.dim() < 2 or not tx.is_contiguous() or k == 0 or k % 16:
             return f"{x} {tuple(tx.shape)} must be contiguous rows with K a multiple of 16"
-        if tw.dtype != torch.int8 or tw.dim() != 2 or tw.shape[1] != k or not tw.is_contiguous():
-            return f"{w} {tw.dtype} {tuple(tw.shape)} is not a contiguous int8 [N, {k}] weight"
-        if ts.dim() != 1 or ts.shape[0] != tw.shape[0] or not ts.is_contiguous():
-            return f"{scales} {tuple(ts.shape)} is not a contiguous [{tw.shape[0]}] vector"
+        if tw.dtype != wdtype or tw.dim() != 2 or tw.shape[1] != k or not tw.is_contiguous():
+            return f"{w} {tw.dtype} {tuple(tw.shape)} is not a contiguous {wdtype} [N, {k}] weight"
+        n = tw.shape[0]
+        shapes = ((n,),) if wdtype == torch.int8 else ((n,), (n, 1))
+        if tuple(ts.shape) not in shapes or not ts.is_contiguous() or (wdtype != torch.int8 and ts.dtype != torch.float32):
+            return f"{scales} {ts.dtype} {tuple(ts.shape)} is not a contiguous {' or '.join(map(str, shapes))} vector"
         if tx.storage_offset() % 8 or tw.storage_offset() % 16:
             return "x or w does not start on 16 bytes"
         return None
 
-    return G.Guard(f"int8_weight_operands({x}, {w}, {scales})", check)
+    return G.Guard(f"weight8_operands({x}, {w}, {scales})", check)
 
 
 def splits_in_halves(w: str) -> G.Guard:
@@ -308,12 +349,34 @@ def _w8_rule(rank: int) -> Pattern:
         f"decode_gemm.linear_w8{'' if rank == 3 else '_2d'}", reference=decode_linear_w8_ref, op="decode_linear_w8",
         dtypes=DTYPES, inputs=_w8_inputs, trace="inductor", trace_case=trace_case,
         graph_forms=(_weight_int8pack_mm, _w8_mm_as_mul_sum) if rank == 2 else (),
-        guards=(G.same_dtype("x", "scales"), int8_weight_operands("x", "w", "scales"), few_rows("x", "linear_w8")),
+        guards=(G.same_dtype("x", "scales"), weight8_operands("x", "w", "scales"), few_rows("x", "linear_w8")),
         fixtures=Fixtures(
             cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
             gpu_cases={3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
                        2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1040, 24))}[rank],
             bad_layout=lambda dt, dev: _w8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
+def _fp8_inputs(case, dt, dev):
+    *rows, k, n = case
+    w = (torch.randn(n, k, device=dev) * 100).to(torch.float8_e4m3fn)  # spread over e4m3's range, as torchao's
+    return rand((*rows, k), dt, dev), w, torch.rand(n, 1, device=dev) * 0.01 / k ** 0.5 + 1e-4
+
+
+def _fp8_rule(rank: int) -> Pattern:
+    """torchao's float8 dynamic per-row linear of a decode step: x's quantization and the fp8 GEMM in one launch."""
+    trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
+    return Pattern(
+        f"decode_gemm.linear_fp8{'' if rank == 3 else '_2d'}", reference=decode_linear_fp8_ref,
+        op="decode_linear_fp8", dtypes=(torch.float16, torch.bfloat16), inputs=_fp8_inputs, trace="inductor",
+        trace_case=trace_case, graph_forms=(_fp8_scaled_mm, _fp8_scaled_mm_precise),
+        guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8")),
+        fixtures=Fixtures(
+            cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
+            gpu_cases={3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
+                       2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1040, 24))}[rank],
+            bad_layout=lambda dt, dev: _fp8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
     )
 
 
@@ -335,4 +398,6 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             _rule("linear_bias", False, 3, act="none", bias=True), _rule("linear_bias", False, 2, act="none", bias=True),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
-            _w8_rule(3), _w8_rule(2)]
+            _w8_rule(3), _w8_rule(2),
+            # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm
+            _fp8_rule(3), _fp8_rule(2)]

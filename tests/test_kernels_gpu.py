@@ -687,6 +687,49 @@ def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_linear_fp8_quantization_rows_graphs_and_bad_calls(dtype):
+    """decode_linear_fp8 (torchao's float8 dynamic per-row linear, x's quantization inside): the quantized x bit for
+    bit as eager's (an identity weight returns xq * s, rounded as eager rounds it), rows over one, two and four
+    16-row tiles and past the rule's 64, K and N tails; within the 2x rule of eager; against aten._scaled_mm (the
+    kernel it replaces, sm_89+); a row of zeros NaN as in eager (0 / 0); inside a CUDA graph; bad calls raise."""
+    from fusion_backend.patterns.decode_gemm import _fp8_rows, _fp8_scaled_mm
+
+    p, op = table.by_id("decode_gemm.linear_fp8_2d"), torch.ops.fusekit.decode_linear_fp8
+    eye, ones = torch.eye(512, device="cuda").to(torch.float8_e4m3fn), torch.ones(512, 1, device="cuda")
+    for m in (1, 5, 16, 33, 64):  # magnitudes over 2^-12 .. 2^12 per element, the row's scale from its max
+        x = (torch.randn(m, 512, device="cuda") * torch.exp2(torch.randint(-12, 13, (m, 512), device="cuda"))).to(dtype)
+        xq, s = _fp8_rows(x)
+        assert torch.equal(op(x, eye, ones), (xq.float() * s).to(dtype)), m
+    for m in (1, 8, 17, 33, 64, 70):
+        for k, n in ((80, 200), (2048, 8192), (8192, 2048)):
+            args = p.make_args((m, k, n), dtype, "cuda")
+            out = _run(p, args)
+            _check(p, args, out)
+            if dtype == torch.bfloat16 and torch.cuda.get_device_capability() >= (8, 9):
+                want = _fp8_scaled_mm(*args)
+                assert (out.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
+    x, w, ws = p.make_args((3, 256, 64), dtype, "cuda")
+    x[1] = 0
+    out = op(x, w, ws)
+    assert out[1].isnan().all() and not out[[0, 2]].isnan().any()
+    assert torch.equal(out.isnan(), p.eager(x, w, ws).isnan())
+    args = p.make_args((5, 1024, 136), dtype, "cuda")
+    g, got = capture_output(lambda: _run(p, args))
+    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, args, got)
+    x, w, ws = args
+    for xx, ww, ss, match in ((x[:, :1000], w[:, :1000], ws, "multiple of 16"),
+                              (x, w.to(dtype), ws, "must be a float8_e4m3fn"),
+                              (x, w.t().contiguous().t(), ws, "contiguous"),
+                              (x, w, ws.to(dtype), "w_scale must be"),
+                              (x, w, ws[:8], "w_scale must be")):
+        with pytest.raises(RuntimeError, match=match):
+            op(xx.contiguous(), ww, ss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_qkv_parts_tails_and_graphs(dtype):
     """decode_qkv: the three parts' column tiles side by side in one grid, at row counts over one, two and
     four 16-row tiles, K tails, parts of 8 columns and parts with none (left out of the grid); every output

@@ -251,9 +251,10 @@ def parser() -> argparse.ArgumentParser:
                    "auto = prompt + new, transformers' own (default auto,4096)")
     b.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires "
                    "(options={'enable': [...]}), e.g. decode.mha")
-    b.add_argument("--quant", default=None, choices=("int8-weight-only",),
+    b.add_argument("--quant", default=None, choices=("int8-weight-only", "fp8-rowwise"),
                    help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
-                        "int8-weight-only: Int8WeightOnlyConfig")
+                        "int8-weight-only: Int8WeightOnlyConfig; fp8-rowwise: Float8DynamicActivationFloat8WeightConfig"
+                        "(granularity=PerRow()), sm_89+")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

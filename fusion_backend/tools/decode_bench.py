@@ -41,14 +41,15 @@ def length_counters(cache: Any) -> list[torch.Tensor]:
 
 
 # torchao configurations `--quant` names (torchao is optional: fusekit[quant])
-QUANT = {"int8-weight-only": "Int8WeightOnlyConfig"}
+QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig"}
 
 
 def quantize(model: Any, quant: str) -> None:
-    """torchao's quantize_ with the configuration `quant` names, in place."""
+    """torchao's quantize_ with the configuration `quant` names, in place (fp8-rowwise: per-row scales, PerRow)."""
     import torchao.quantization as tq
 
-    tq.quantize_(model, getattr(tq, QUANT[quant])())
+    config = getattr(tq, QUANT[quant])
+    tq.quantize_(model, config(granularity=tq.PerRow()) if quant == "fp8-rowwise" else config())
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
