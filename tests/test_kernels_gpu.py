@@ -705,7 +705,7 @@ def test_decode_linear_fp8_quantization_rows_graphs_and_bad_calls(dtype):
             args = p.make_args((m, k, n), dtype, "cuda")
             out = _run(p, args)
             _check(p, args, out)
-            if dtype == torch.bfloat16 and torch.cuda.get_device_capability() >= (8, 9):
+            if dtype == torch.bfloat16 and torch.cuda.get_device_capability() >= (8, 9) and k % 16 == n % 16 == 0:
                 want = _fp8_scaled_mm(*args)
                 assert (out.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
     x, w, ws = p.make_args((3, 256, 64), dtype, "cuda")

@@ -14,11 +14,14 @@
 // float8_e4m3fn, contiguous, 16-byte aligned; w_scale N float32 ([N] or [N, 1]), contiguous. Returns [..., N] of x's
 // dtype: each row quantized exactly as above (the quotient correctly rounded, then e4m3 round-to-nearest-even with
 // +-448 saturation, NaN kept: clamp + cast), the fp8 products summed in float32 (tensor cores), times both scales,
-// rounded once. Runs on the current stream, no workspace; on sm_90+ launched with programmatic dependent launch.
+// rounded once. Runs on the current stream (above 8 rows with x's e4m3 copy from the caching allocator); on sm_90+
+// launched with programmatic dependent launch.
 //
-// The CTA is decode_linear_w8's: 8 warps, 8 NB output columns, all of K, 16 MT rows. It first finds the max |x| of
-// its rows (warp per row), then each lane quantizes the 16 k of x it multiplies; fp8 values are exact in float16, so
-// x and w are widened to float16 and m16n8k16 takes them whatever x's dtype (cvt e4m3x2 -> f16x2: sm_89+ hardware).
+// The CTA is decode_linear_w8's: 8 warps, 8 NB output columns, all of K, 16 MT rows. Up to 8 rows it first finds the
+// max |x| of its rows (warp per row), then each lane quantizes the 16 k of x it multiplies: one launch. Above 8 rows
+// quantize_rows writes x's e4m3 copy and the rows' scales first (a CTA per row) and the GEMM reads those. fp8 values
+// are exact in float16, so x and w are widened to float16 and m16n8k16 takes them whatever x's dtype (cvt e4m3x2 ->
+// f16x2: sm_89+ hardware).
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -40,7 +43,8 @@ constexpr int kChunk8 = 64;      // k per chunk: 4 lanes x 16 values
 constexpr float kFp8Max = 448.f;  // torch.finfo(torch.float8_e4m3fn).max
 
 struct Fp8Params {
-  const void* x;
+  const void* x;        // x [M, K] of T (PREQ: its e4m3 copy, xq)
+  const float* x_scale;  // PREQ: the rows' scales (quantize_rows' output)
   const uint8_t* w;
   const float* w_scale;
   void* out;
@@ -115,7 +119,52 @@ __device__ __forceinline__ float row_amax(const T* x, int64_t row, int k, int la
   return a;
 }
 
-template <typename T, int MT, int NB, bool HI>
+// Above 8 rows every CTA quantizing its rows again costs more than the pass over its weight columns (H100: 32 rows
+// 0.55x Inductor at 2048 -> 5632): one CTA per row first writes the row's e4m3 copy and scale (quantize_rows),
+// and the GEMM (PREQ) widens those.
+template <typename T>
+__global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq,
+                                                            float* __restrict__ xs, int k) {
+  __shared__ float warp_max[8];
+  const int64_t row = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  pdl_wait();
+  float a = 0.f;
+  for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
+    const uint4 v = load_cached(x + row * k + kk);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = to_float2<T>(w[i]);
+      a = fmaxf(a, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  if (lane == 0) warp_max[warp] = a;
+  __syncthreads();
+  a = warp_max[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) a = fmaxf(a, warp_max[i]);
+  const float s = to_float(from_float<T>(__fdiv_rn(a, kFp8Max))), r = __frcp_rn(s);
+  if (threadIdx.x == 0) xs[row] = s;
+  for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
+    const uint4 h = quantize8<T>(load_cached(x + row * k + kk), s, r);  // float16 pairs holding e4m3 values
+    const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
+    uint32_t b[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // back to e4m3, exact
+      const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&hw[2 * i]));
+      const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&hw[2 * i + 1]));
+      b[i] = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(f0, __NV_SATFINITE, __NV_E4M3)) |
+             (static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(f1, __NV_SATFINITE, __NV_E4M3)) << 16);
+    }
+    *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(b[0], b[1]);
+  }
+  pdl_trigger();
+}
+
+template <typename T, int MT, int NB, bool HI, bool PREQ>
 __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp8Params p) {
   constexpr int H = HI ? 2 : 1;
   constexpr int U = MT == 1 ? 4 : MT == 2 ? 2 : 1;  // chunks in flight per lane
@@ -132,12 +181,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
   // the rows' scales: s = float(T(amax / 448)), as eager rounds the division to x's dtype. fmaxf drops a NaN that
   // amax keeps; the row's output is NaN either way (the NaN, quantized, enters every column's sum). A row of zeros:
   // s = 0, every quotient NaN, as eager's 0 / 0.
-  for (int r = warp; r < R; r += kWarps) {
-    if (m0 + r >= p.m) break;
-    const float s = to_float(from_float<T>(__fdiv_rn(row_amax(x, m0 + r, p.k, lane), kFp8Max)));
-    if (lane == 0) {
-      row_s[r] = s;
-      row_r[r] = __frcp_rn(s);
+  if constexpr (PREQ) {
+    for (int r = threadIdx.x; r < R; r += kWarps * 32) row_s[r] = m0 + r < p.m ? p.x_scale[m0 + r] : 1.f;
+  } else {
+    for (int r = warp; r < R; r += kWarps) {
+      if (m0 + r >= p.m) break;
+      const float s = to_float(from_float<T>(__fdiv_rn(row_amax(x, m0 + r, p.k, lane), kFp8Max)));
+      if (lane == 0) {
+        row_s[r] = s;
+        row_r[r] = __frcp_rn(s);
+      }
     }
   }
   __syncthreads();
@@ -147,8 +200,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
 #pragma unroll
     for (int h = 0; h < H; ++h) {
       const int r = i * 16 + h * 8 + g;
-      sq[i][h] = m0 + r < p.m ? row_s[r] : 1.f;
-      rq[i][h] = m0 + r < p.m ? row_r[r] : 1.f;
+      sq[i][h] = !PREQ && m0 + r < p.m ? row_s[r] : 1.f;
+      rq[i][h] = !PREQ && m0 + r < p.m ? row_r[r] : 1.f;
     }
 
   float acc[NB][MT][4];
@@ -172,11 +225,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
         for (int h = 0; h < H; ++h) {
           const int row = m0 + i * 16 + h * 8 + g;
           const bool ok = kin && row < p.m;
-          const T* xp = ok ? x + static_cast<int64_t>(row) * p.k + kk : x;
+          if constexpr (PREQ) {  // 16 e4m3 of xq: loaded now, widened with the products
+            const uint8_t* xp = static_cast<const uint8_t*>(p.x) + (ok ? static_cast<int64_t>(row) * p.k + kk : 0);
+            a[u][i][h][0] = ok ? load_cached(xp) : zero;
+          } else {
+            const T* xp = ok ? x + static_cast<int64_t>(row) * p.k + kk : x;
 #pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            a[u][i][h][s] = load_cached(xp + (ok ? 8 * s : 0));
-            if (!ok) a[u][i][h][s] = zero;
+            for (int s = 0; s < 2; ++s) {
+              a[u][i][h][s] = load_cached(xp + (ok ? 8 * s : 0));
+              if (!ok) a[u][i][h][s] = zero;
+            }
           }
         }
 #pragma unroll
@@ -192,9 +250,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int h = 0; h < H; ++h)
+        for (int h = 0; h < H; ++h) {
+          if constexpr (PREQ) {
+            const uint4 v = a[u][i][h][0];
+            widen16(v, a[u][i][h][0], a[u][i][h][1]);
+          } else {
 #pragma unroll
-          for (int s = 0; s < 2; ++s) a[u][i][h][s] = quantize8<T>(a[u][i][h][s], sq[i][h], rq[i][h]);
+            for (int s = 0; s < 2; ++s) a[u][i][h][s] = quantize8<T>(a[u][i][h][s], sq[i][h], rq[i][h]);
+          }
+        }
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
         uint4 w0, w1;
@@ -230,12 +294,19 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
   }
 }
 
-template <typename T, int MT, int NB, bool HI>
+template <typename T, int MT, int NB, bool HI, bool PREQ>
 void launch(const Fp8Params& p, cudaStream_t stream) {
   const dim3 grid((p.n + 8 * NB - 1) / (8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
-  static const int version = binary_version(decode_linear_fp8_kernel<T, MT, NB, HI>);
-  launch_ex(decode_linear_fp8_kernel<T, MT, NB, HI>, grid, dim3(kWarps * 32), 0, stream, pdl_allowed(version, 'g'),
-            0, p);
+  static const int version = binary_version(decode_linear_fp8_kernel<T, MT, NB, HI, PREQ>);
+  launch_ex(decode_linear_fp8_kernel<T, MT, NB, HI, PREQ>, grid, dim3(kWarps * 32), 0, stream,
+            pdl_allowed(version, 'g'), 0, p);
+}
+
+template <typename T>
+void launch_quantize_rows(const void* x, uint8_t* xq, float* xs, int m, int k, cudaStream_t stream) {
+  static const int version = binary_version(quantize_rows_kernel<T>);
+  launch_ex(quantize_rows_kernel<T>, dim3(m), dim3(256), 0, stream, pdl_allowed(version, 'g'), 0,
+            static_cast<const T*>(x), xq, xs, k);
 }
 
 at::Tensor decode_linear_fp8_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
@@ -258,15 +329,23 @@ at::Tensor decode_linear_fp8_cuda(const at::Tensor& x, const at::Tensor& w, cons
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = decode_gemm::out_like(x, w.size(0));
   if (out.numel() == 0) return out;
-  Fp8Params p{x.data_ptr(), static_cast<const uint8_t*>(w.data_ptr()), w_scale.data_ptr<float>(), out.data_ptr(),
-              static_cast<int>(m), static_cast<int>(w.size(0)), static_cast<int>(x.size(-1))};
+  Fp8Params p{x.data_ptr(), nullptr, static_cast<const uint8_t*>(w.data_ptr()), w_scale.data_ptr<float>(),
+              out.data_ptr(), static_cast<int>(m), static_cast<int>(w.size(0)), static_cast<int>(x.size(-1))};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor xq, xs;  // above 8 rows: x's e4m3 copy and the rows' scales (the caching allocator: graph-safe)
+  if (p.m > 8) {
+    xq = at::empty({m, x.size(-1)}, x.options().dtype(at::kByte));
+    xs = at::empty({m}, x.options().dtype(at::kFloat));
+  }
   dispatch_half_bf16(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    if (p.m <= 8) return launch<T, 1, 2, false>(p, stream);
-    if (p.m <= 16) return launch<T, 1, 2, true>(p, stream);
-    if (p.m <= 32) return launch<T, 2, 2, true>(p, stream);
-    launch<T, 4, 1, true>(p, stream);
+    if (p.m <= 8) return launch<T, 1, 2, false, false>(p, stream);
+    launch_quantize_rows<T>(x.data_ptr(), xq.data_ptr<uint8_t>(), xs.data_ptr<float>(), p.m, p.k, stream);
+    p.x = xq.data_ptr();
+    p.x_scale = xs.data_ptr<float>();
+    if (p.m <= 16) return launch<T, 1, 2, true, true>(p, stream);
+    if (p.m <= 32) return launch<T, 2, 2, true, true>(p, stream);
+    launch<T, 4, 1, true, true>(p, stream);
   });
   return out;
 }
