@@ -24,7 +24,9 @@ and matmul_epilogue's tiled GEMM by 2x (12.4 against 25.8 us).
 
 int8 weight-only linears (torchao's Int8WeightOnlyConfig: ``F.linear(x, w.to(x.dtype)) * scales``) take
 ``fusekit::decode_linear_w8``, which widens the int8 weight in registers; Inductor's own kernel for them
-(aten._weight_int8pack_mm) measured 16.6-100x slower at 1-64 rows (H200, benchmarks/RESULTS.md).
+(aten._weight_int8pack_mm) measured 16.6-100x slower at 1-64 rows (H200, benchmarks/RESULTS.md). torchao's float8
+dynamic per-row linears (x quantized per row, aten._scaled_mm) take ``fusekit::decode_linear_fp8``, the
+quantization included, up to 32 rows (an LM-head-wide one at one row): 1.19-2.02x Inductor's (H200).
 
 Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
 for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a
@@ -45,8 +47,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 64}
-MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32}
+MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 32}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 
 
@@ -228,6 +230,22 @@ def narrow_weight(w: str) -> G.Guard:
     return G.Guard(f"narrow_weight({w})", check, policy=True)
 
 
+MAX_FP8_WIDE_N = 8192  # an fp8 linear wider than this (an LM head) fires at one row only (wide_fp8_one_row)
+
+
+def wide_fp8_one_row(x: str, w: str) -> G.Guard:
+    """Policy: an fp8 linear with N > MAX_FP8_WIDE_N fires at one row only. H200, op alone, cold weights, against
+    Inductor's Triton quantization + aten._scaled_mm: the 2048 -> 32000 LM head 1.19x at 1 row, 0.77-0.88x at 8-32;
+    N <= 5632 1.19-2.02x at 1-32 rows (the rows' limit, MAX_ROWS["linear_fp8"]: 0.55-1.13x at 64)."""
+    def check(s: G.Site) -> str | None:
+        t, n = s.tensor(x), s.tensor(w).shape[0]
+        rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
+        return None if known(n <= MAX_FP8_WIDE_N) or known(rows <= 1) else \
+            f"N={n} (> {MAX_FP8_WIDE_N}) at {rows} rows: a wide fp8 linear measured slower than _scaled_mm past one row"
+
+    return G.Guard(f"wide_fp8_one_row({x}, {w})", check, policy=True)
+
+
 def tma_default(dtype: torch.dtype, arch: str | None) -> bool:
     """The plain linear's CUDA default (Pattern.cuda_default): on where the TMA kernel runs; elsewhere opt-in, since
     fusekit's other decode GEMM kernels were slower than cuBLAS at every plain projection (0.43-0.98x, H100)."""
@@ -360,7 +378,8 @@ def _w8_rule(rank: int) -> Pattern:
 
 def _fp8_inputs(case, dt, dev):
     *rows, k, n = case
-    w = (torch.randn(n, k, device=dev) * 100).to(torch.float8_e4m3fn)  # spread over e4m3's range, as torchao's
+    # spread over e4m3's range as torchao's weights are (clamped: past 464 the cast gives NaN)
+    w = (torch.randn(n, k, device=dev) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     return rand((*rows, k), dt, dev), w, torch.rand(n, 1, device=dev) * 0.01 / k ** 0.5 + 1e-4
 
 
@@ -372,7 +391,8 @@ def _fp8_rule(rank: int) -> Pattern:
         f"decode_gemm.linear_fp8{'' if rank == 3 else '_2d'}", reference=decode_linear_fp8_ref,
         op="decode_linear_fp8", dtypes=(torch.float16, torch.bfloat16), inputs=_fp8_inputs, trace="inductor",
         trace_case=trace_case, graph_forms=(_fp8_scaled_mm, _fp8_scaled_mm_precise),
-        guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8")),
+        guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8"),
+                wide_fp8_one_row("x", "w")),
         fixtures=Fixtures(
             cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
             gpu_cases={3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
