@@ -100,23 +100,33 @@ def decode_linear_fp8_ref(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     return ((xq.float() @ w.float().t()) * s * w_scale.float().reshape(1, -1)).to(x.dtype)
 
 
-def _scaled_mm_of(x: Tensor, w: Tensor, w_scale: Tensor, fast_accum: bool) -> Tensor:
+def _scaled_mm_of(x: Tensor, w: Tensor, w_scale: Tensor, fast_accum: bool, unsqueeze: bool) -> Tensor:
     xq, s = _fp8_rows(x)
-    y = torch._scaled_mm(xq.reshape(-1, x.shape[-1]), w.t(), s.unsqueeze(-1).reshape(-1, 1), w_scale.t(),
-                         out_dtype=x.dtype, use_fast_accum=fast_accum)
+    s = s.unsqueeze(-1) if unsqueeze else s
+    y = torch._scaled_mm(xq.reshape(-1, x.shape[-1]), w.t(), s.reshape(-1, 1), w_scale.t(), out_dtype=x.dtype,
+                         use_fast_accum=fast_accum)
     return y.reshape(x.shape[:-1] + w.shape[:1])
 
 
 def _fp8_scaled_mm(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     """The same linear as torchao 0.18 writes it for aten._scaled_mm (Float8Tensor's _float8_addmm_impl: rows
     flattened, the scale reshaped to [M, 1], the weight and its scales transposed views; use_fast_accum, its
-    default)."""
-    return _scaled_mm_of(x, w, w_scale, True)
+    default), as a decoder layer's linear leaves it in the graph."""
+    return _scaled_mm_of(x, w, w_scale, True, False)
+
+
+def _fp8_scaled_mm_unsqueezed(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """The same with the scale unsqueezed before its reshape, as a lone nn.Linear leaves it."""
+    return _scaled_mm_of(x, w, w_scale, True, True)
 
 
 def _fp8_scaled_mm_precise(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
-    """The same with Float8MMConfig(use_fast_accum=False): the CUDA kernel's float32 sums serve both."""
-    return _scaled_mm_of(x, w, w_scale, False)
+    """Float8MMConfig(use_fast_accum=False): the CUDA kernel's float32 sums serve both."""
+    return _scaled_mm_of(x, w, w_scale, False, False)
+
+
+def _fp8_scaled_mm_precise_unsqueezed(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    return _scaled_mm_of(x, w, w_scale, False, True)
 
 
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
@@ -390,7 +400,8 @@ def _fp8_rule(rank: int) -> Pattern:
     return Pattern(
         f"decode_gemm.linear_fp8{'' if rank == 3 else '_2d'}", reference=decode_linear_fp8_ref,
         op="decode_linear_fp8", dtypes=(torch.float16, torch.bfloat16), inputs=_fp8_inputs, trace="inductor",
-        trace_case=trace_case, graph_forms=(_fp8_scaled_mm, _fp8_scaled_mm_precise),
+        trace_case=trace_case, graph_forms=(_fp8_scaled_mm, _fp8_scaled_mm_unsqueezed, _fp8_scaled_mm_precise,
+                                                  _fp8_scaled_mm_precise_unsqueezed),
         guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8"),
                 wide_fp8_one_row("x", "w")),
         fixtures=Fixtures(
