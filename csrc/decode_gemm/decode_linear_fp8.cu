@@ -101,12 +101,13 @@ __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// max |x| of row `row` (a warp, 8 values per lane per step), as a float (exact: the max of 16-bit values)
+// max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
+// (exact: the max of 16-bit values)
 template <typename T>
-__device__ __forceinline__ float row_amax(const T* x, int64_t row, int k, int lane) {
+__device__ __forceinline__ float warp_amax(const T* x, int k, int first, int stride) {
   float a = 0.f;
-  for (int kk = lane * 8; kk < k; kk += 32 * 8) {
-    const uint4 v = load_cached(x + row * k + kk);
+  for (int kk = first; kk < k; kk += stride) {
+    const uint4 v = load_cached(x + kk);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -119,6 +120,10 @@ __device__ __forceinline__ float row_amax(const T* x, int64_t row, int k, int la
   return a;
 }
 
+// the row's scale from its max |x|: amax / 448 rounded to x's dtype (as eager divides a T tensor), as a float
+template <typename T>
+__device__ __forceinline__ float row_scale(float amax) { return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max))); }
+
 // Above 8 rows every CTA quantizing its rows again costs more than the pass over its weight columns (H100: 32 rows
 // 0.55x Inductor at 2048 -> 5632): one CTA per row first writes the row's e4m3 copy and scale (quantize_rows),
 // and the GEMM (PREQ) widens those.
@@ -129,24 +134,13 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
   const int64_t row = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_wait();
-  float a = 0.f;
-  for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
-    const uint4 v = load_cached(x + row * k + kk);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = to_float2<T>(w[i]);
-      a = fmaxf(a, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  float a = warp_amax(x + row * k, k, threadIdx.x * 8, 256 * 8);
   if (lane == 0) warp_max[warp] = a;
   __syncthreads();
   a = warp_max[0];
 #pragma unroll
   for (int i = 1; i < 8; ++i) a = fmaxf(a, warp_max[i]);
-  const float s = to_float(from_float<T>(__fdiv_rn(a, kFp8Max))), r = __frcp_rn(s);
+  const float s = row_scale<T>(a), r = __frcp_rn(s);
   if (threadIdx.x == 0) xs[row] = s;
   for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
     const uint4 h = quantize8<T>(load_cached(x + row * k + kk), s, r);  // float16 pairs holding e4m3 values
@@ -186,7 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
   } else {
     for (int r = warp; r < R; r += kWarps) {
       if (m0 + r >= p.m) break;
-      const float s = to_float(from_float<T>(__fdiv_rn(row_amax(x, m0 + r, p.k, lane), kFp8Max)));
+      const float s = row_scale<T>(warp_amax(x + static_cast<int64_t>(m0 + r) * p.k, p.k, lane * 8, 32 * 8));
       if (lane == 0) {
         row_s[r] = s;
         row_r[r] = __frcp_rn(s);
