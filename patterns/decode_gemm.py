@@ -214,14 +214,18 @@ def has_tma_kernel(arch: str | None) -> bool:
     return arch == "9.0a"
 
 
+def _rows(t: Tensor):
+    """The rows of x [..., K] (batch x new tokens; symbolic where the shape is)."""
+    return t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
+
+
 def few_rows(x: str, rule: str) -> G.Guard:
     """Policy: at most MAX_ROWS_TMA[rule] rows where the TMA kernel runs, else MAX_ROWS[rule] (read at each check:
     a benchmark may change them). Above it cuBLAS's tiled GEMMs reuse each weight tile across enough rows that the
     pass over the weight is no longer the whole cost."""
     def check(s: G.Site) -> str | None:
-        t = s.tensor(x)
+        rows = _rows(s.tensor(x))
         limit = (MAX_ROWS_TMA if has_tma_kernel(s.kernel_arch()) else MAX_ROWS)[rule]
-        rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
         return None if known(rows <= limit) else f"{rows} rows (> {limit}): not a decode step's linear"
 
     return G.Guard(f"few_rows({x})", check, policy=True)
@@ -248,8 +252,7 @@ def wide_fp8_one_row(x: str, w: str) -> G.Guard:
     Inductor's Triton quantization + aten._scaled_mm: the 2048 -> 32000 LM head 1.19x at 1 row, 0.77-0.88x at 8-32;
     N <= 5632 1.19-2.02x at 1-32 rows (the rows' limit, MAX_ROWS["linear_fp8"]: 0.55-1.13x at 64)."""
     def check(s: G.Site) -> str | None:
-        t, n = s.tensor(x), s.tensor(w).shape[0]
-        rows = t.numel() // t.shape[-1] if known(t.shape[-1] > 0) else t.numel()
+        rows, n = _rows(s.tensor(x)), s.tensor(w).shape[0]
         return None if known(n <= MAX_FP8_WIDE_N) or known(rows <= 1) else \
             f"N={n} (> {MAX_FP8_WIDE_N}) at {rows} rows: a wide fp8 linear measured slower than _scaled_mm past one row"
 
@@ -364,6 +367,13 @@ def _qkv_rule(rank: int, bias: bool) -> Pattern:
     )
 
 
+# the 8-bit rules' (int8 weight-only, fp8) test shapes: K a multiple of 16; on the GPU Llama- and Qwen2-style
+# decode shapes, K not a multiple of the 64-wide chunk, N not of the column tile, rows over one and four 16-row tiles
+W8_CASES = {3: ((1, 1, 32, 40), (2, 3, 16, 24)), 2: ((5, 32, 40), (3, 16, 24))}
+W8_GPU_CASES = {3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
+                2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1040, 24))}
+
+
 def _w8_inputs(case, dt, dev):
     *rows, k, n = case
     return (rand((*rows, k), dt, dev), torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8),
@@ -379,9 +389,7 @@ def _w8_rule(rank: int) -> Pattern:
         graph_forms=(_weight_int8pack_mm, _w8_mm_as_mul_sum) if rank == 2 else (),
         guards=(G.same_dtype("x", "scales"), weight8_operands("x", "w", "scales"), few_rows("x", "linear_w8")),
         fixtures=Fixtures(
-            cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
-            gpu_cases={3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
-                       2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1040, 24))}[rank],
+            cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
             bad_layout=lambda dt, dev: _w8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
     )
 
@@ -400,14 +408,12 @@ def _fp8_rule(rank: int) -> Pattern:
     return Pattern(
         f"decode_gemm.linear_fp8{'' if rank == 3 else '_2d'}", reference=decode_linear_fp8_ref,
         op="decode_linear_fp8", dtypes=(torch.float16, torch.bfloat16), inputs=_fp8_inputs, trace="inductor",
-        trace_case=trace_case, graph_forms=(_fp8_scaled_mm, _fp8_scaled_mm_unsqueezed, _fp8_scaled_mm_precise,
-                                                  _fp8_scaled_mm_precise_unsqueezed),
+        trace_case=trace_case,
+        graph_forms=(_fp8_scaled_mm, _fp8_scaled_mm_unsqueezed, _fp8_scaled_mm_precise, _fp8_scaled_mm_precise_unsqueezed),
         guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8"),
                 wide_fp8_one_row("x", "w")),
         fixtures=Fixtures(
-            cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
-            gpu_cases={3: ((8, 1, 2048, 512), (1, 1, 1536, 8960), (3, 1, 80, 200), (40, 1, 272, 136)),
-                       2: ((4, 2048, 5632), (1, 1536, 256), (17, 5632, 2048), (64, 1040, 24))}[rank],
+            cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
             bad_layout=lambda dt, dev: _fp8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
     )
 

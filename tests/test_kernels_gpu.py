@@ -67,6 +67,16 @@ def _check(p, args, out):
             _check_fa3(p, args, o, r, i)
 
 
+def _check_graph_replay(p, args):
+    """The op captured in a CUDA graph and replayed on a new x (args[0]): what the replay writes in place checked
+    as _check checks a call."""
+    g, got = capture_output(lambda: _run(p, args))
+    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, args, got)
+
+
 def _check_fa3(p, args, out, ref_same, i=0):
     """At most 2x as far from a float64 reference as eager in the same dtype (the pattern's `baseline`
     where the reference itself computes in a wider type). NaN exactly where the reference has NaN. `i`: which
@@ -633,11 +643,7 @@ def test_decode_linear_bias_and_gelu(dtype):
                 _check(p, args, _run(p, args))
     p = rules[1]
     args = p.make_args((4, 1024, 136), dtype, "cuda")
-    g, got = capture_output(lambda: _run(p, args))
-    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
-    g.replay()
-    torch.cuda.synchronize()
-    _check(p, args, got)
+    _check_graph_replay(p, args)
     b = torch.randn(16, device="cuda", dtype=dtype)
     x0, w0 = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=dtype)
     torch.testing.assert_close(torch.ops.fusekit.decode_linear(x0, w0, None, "gelu", b),
@@ -669,11 +675,7 @@ def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
     x, ones = torch.eye(16, device="cuda", dtype=dtype), torch.ones(16, device="cuda", dtype=dtype)
     assert torch.equal(torch.ops.fusekit.decode_linear_w8(x, w, ones), w.t().to(dtype))
     args = p.make_args((5, 1024, 136), dtype, "cuda")
-    g, got = capture_output(lambda: _run(p, args))
-    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
-    g.replay()
-    torch.cuda.synchronize()
-    _check(p, args, got)
+    _check_graph_replay(p, args)
     x0, w0 = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=torch.int8)
     assert torch.equal(torch.ops.fusekit.decode_linear_w8(x0, w0, ones), torch.zeros(3, 16, device="cuda", dtype=dtype))
     x, w, s = args
@@ -717,11 +719,7 @@ def test_decode_linear_fp8_quantization_rows_graphs_and_bad_calls(dtype):
     assert out[1].isnan().all() and not out[[0, 2]].isnan().any()
     assert torch.equal(out.isnan(), p.eager(x, w, ws).isnan())
     args = p.make_args((5, 1024, 136), dtype, "cuda")
-    g, got = capture_output(lambda: _run(p, args))
-    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
-    g.replay()
-    torch.cuda.synchronize()
-    _check(p, args, got)
+    _check_graph_replay(p, args)
     x, w, ws = args
     for xx, ww, ss, match in ((x[:, :1000], w[:, :1000], ws, "multiple of 16"),
                               (x, w.to(dtype), ws, "must be a float8_e4m3fn"),
@@ -758,14 +756,7 @@ def test_decode_qkv_parts_tails_and_graphs(dtype):
     q, k, v = torch.ops.fusekit.decode_qkv(x, wq, wk, wq)
     assert k.shape == (3, 0) and torch.equal(q, v) and torch.equal(q, torch.ops.fusekit.decode_linear(x, wq, None, "none"))
     args = p.make_args((5, 1024, 136, 24), dtype, "cuda")
-    g = torch.cuda.CUDAGraph()
-    _run(p, args)
-    with torch.cuda.graph(g):
-        outs = _run(p, args)
-    args[0].copy_(torch.randn_like(args[0]))  # replayed on new data
-    g.replay()
-    torch.cuda.synchronize()
-    _check(p, args, outs)
+    _check_graph_replay(p, args)
     x = args[0]
     for bad, match in (((x, args[1], args[2][:, :8], args[3]), "wk must be \\[N, K\\]"),
                        ((x, args[1], args[2], args[3][:20]), "wv's N must be a multiple of 8"),
