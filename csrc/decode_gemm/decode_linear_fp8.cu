@@ -85,20 +85,19 @@ __device__ __forceinline__ float2 to_float2(uint32_t v) {
   }
 }
 
-// 8 values of x (one uint4) quantized with the row's s (and r = 1/s) -> 8 float16 holding e4m3 values
+// 2 values of x (one word of T) quantized with the row's s (and r = 1/s) -> two e4m3, the first in the low byte
+template <typename T>
+__device__ __forceinline__ __nv_fp8x2_storage_t quantize2(uint32_t v, float s, float r) {
+  const float2 f = to_float2<T>(v);
+  // satfinite: beyond +-448 -> +-448 (the clamp), NaN stays NaN (as clamp then cast)
+  return __nv_cvt_float2_to_fp8x2(make_float2(div_rn(f.x, s, r), div_rn(f.y, s, r)), __NV_SATFINITE, __NV_E4M3);
+}
+
+// 8 values of x (one uint4) quantized -> 8 float16 holding e4m3 values
 template <typename T>
 __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
-  const uint32_t in[4] = {v.x, v.y, v.z, v.w};
-  uint32_t h[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = to_float2<T>(in[i]);
-    // satfinite: beyond +-448 -> +-448 (the clamp), NaN stays NaN (as clamp then cast)
-    const __nv_fp8x2_storage_t q =
-        __nv_cvt_float2_to_fp8x2(make_float2(div_rn(f.x, s, r), div_rn(f.y, s, r)), __NV_SATFINITE, __NV_E4M3);
-    h[i] = widen2(q);
-  }
-  return make_uint4(h[0], h[1], h[2], h[3]);
+  return make_uint4(widen2(quantize2<T>(v.x, s, r)), widen2(quantize2<T>(v.y, s, r)), widen2(quantize2<T>(v.z, s, r)),
+                    widen2(quantize2<T>(v.w, s, r)));
 }
 
 // max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
@@ -143,17 +142,11 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
   const float s = row_scale<T>(a), r = __frcp_rn(s);
   if (threadIdx.x == 0) xs[row] = s;
   for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
-    const uint4 h = quantize8<T>(load_cached(x + row * k + kk), s, r);  // float16 pairs holding e4m3 values
-    const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
-    uint32_t b[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {  // back to e4m3, exact
-      const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&hw[2 * i]));
-      const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&hw[2 * i + 1]));
-      b[i] = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(f0, __NV_SATFINITE, __NV_E4M3)) |
-             (static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(f1, __NV_SATFINITE, __NV_E4M3)) << 16);
-    }
-    *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(b[0], b[1]);
+    const uint4 v = load_cached(x + row * k + kk);
+    const auto pair = [&](uint32_t lo, uint32_t hi) {  // 4 e4m3 in memory order
+      return static_cast<uint32_t>(quantize2<T>(lo, s, r)) | (static_cast<uint32_t>(quantize2<T>(hi, s, r)) << 16);
+    };
+    *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
   }
   pdl_trigger();
 }
