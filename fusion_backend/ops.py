@@ -89,6 +89,12 @@ OPS = {
     # (scale max|x| / 448), @ w[N, K]^T (e4m3), times both scales (w_scale [N, 1] float32); torchao's
     # Float8DynamicActivationFloat8WeightConfig(PerRow) as aten._scaled_mm computes it
     "decode_linear_fp8": OpSpec("decode_linear_fp8(Tensor x, Tensor w, Tensor w_scale) -> Tensor", cuda_dtypes=HALF),
+    # q, k and v as float8 dynamic per-row linears of one x (decode_linear_fp8 of each weight, x quantized once)
+    "decode_qkv_fp8": OpSpec("decode_qkv_fp8(Tensor x, Tensor wq, Tensor sq, Tensor wk, Tensor sk, Tensor wv, "
+                             "Tensor sv) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
+    # gate and up as float8 dynamic per-row linears of one x, then act(gate) * up; act "silu_mul" or "gelu_tanh_mul"
+    "decode_gate_up_fp8": OpSpec("decode_gate_up_fp8(Tensor x, Tensor wg, Tensor sg, Tensor wu, Tensor su, str act) "
+                                 "-> Tensor", cuda_dtypes=HALF),
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": OpSpec("verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"),
 }
@@ -270,14 +276,35 @@ def _(x, w, scales):
     return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
 
 
+def _fp8_weight_fake(op: str, x: Tensor, w: Tensor, s: Tensor) -> None:
+    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == torch.float8_e4m3fn,
+                 lambda: f"{op}: want x [..., K], w float8_e4m3fn [N, K]; got {tuple(x.shape)}, {w.dtype} "
+                         f"{tuple(w.shape)}")
+    torch._check(s.numel() == w.shape[0] and s.dtype == torch.float32,
+                 lambda: f"{op}: a weight's scales must be N float32; got {s.dtype} {tuple(s.shape)}")
+
+
 @torch.library.register_fake("fusekit::decode_linear_fp8")
 def _(x, w, w_scale):
-    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == torch.float8_e4m3fn,
-                 lambda: f"decode_linear_fp8: want x [..., K], w float8_e4m3fn [N, K]; got {tuple(x.shape)}, "
-                         f"{w.dtype} {tuple(w.shape)}")
-    torch._check(w_scale.numel() == w.shape[0] and w_scale.dtype == torch.float32,
-                 lambda: f"decode_linear_fp8: w_scale must be N float32; got {w_scale.dtype} {tuple(w_scale.shape)}")
+    _fp8_weight_fake("decode_linear_fp8", x, w, w_scale)
     return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_qkv_fp8")
+def _(x, wq, sq, wk, sk, wv, sv):
+    for w, s in ((wq, sq), (wk, sk), (wv, sv)):
+        _fp8_weight_fake("decode_qkv_fp8", x, w, s)
+    return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_gate_up_fp8")
+def _(x, wg, sg, wu, su, act):
+    for w, s in ((wg, sg), (wu, su)):
+        _fp8_weight_fake("decode_gate_up_fp8", x, w, s)
+    torch._check(wg.shape[0] == wu.shape[0], lambda: f"decode_gate_up_fp8: wg and wu must have one N; got "
+                                                     f"{tuple(wg.shape)}, {tuple(wu.shape)}")
+    torch._check(act in ("silu_mul", "gelu_tanh_mul"), lambda: f"decode_gate_up_fp8: act {act!r}")
+    return x.new_empty((*x.shape[:-1], wg.shape[0]))  # contiguous
 
 
 @torch.library.register_fake("fusekit::verify")

@@ -129,6 +129,37 @@ def _fp8_scaled_mm_precise_unsqueezed(x: Tensor, w: Tensor, w_scale: Tensor) -> 
     return _scaled_mm_of(x, w, w_scale, False, True)
 
 
+def decode_qkv_fp8_ref(x: Tensor, wq: Tensor, sq: Tensor, wk: Tensor, sk: Tensor, wv: Tensor,
+                       sv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v as three float8 dynamic per-row linears of one x (each quantizes x alike: the op does it once)."""
+    return decode_linear_fp8_ref(x, wq, sq), decode_linear_fp8_ref(x, wk, sk), decode_linear_fp8_ref(x, wv, sv)
+
+
+def decode_gate_up_fp8_ref(x: Tensor, wg: Tensor, sg: Tensor, wu: Tensor, su: Tensor, act: str = "silu_mul") -> Tensor:
+    """SwiGLU's (act "silu_mul") or GeGLU's ("gelu_tanh_mul") gate and up as float8 dynamic per-row linears of x."""
+    gate, up = decode_linear_fp8_ref(x, wg, sg), decode_linear_fp8_ref(x, wu, su)
+    return (F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
+
+
+def _fp8_multi_forms(act: str | None) -> tuple:
+    """The graph forms of the q/k/v (`act` None) or gate/up rule: each linear in torchao's _scaled_mm spelling of a
+    decoder layer (_fp8_scaled_mm, and with use_fast_accum=False)."""
+    def forms(fast: bool):
+        if act is None:
+            def qkv(x, wq, sq, wk, sk, wv, sv):
+                return tuple(_scaled_mm_of(x, w, s, fast, False) for w, s in ((wq, sq), (wk, sk), (wv, sv)))
+            fn = qkv
+        else:
+            def gate_up(x, wg, sg, wu, su):
+                gate, up = _scaled_mm_of(x, wg, sg, fast, False), _scaled_mm_of(x, wu, su, fast, False)
+                return (F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
+            fn = gate_up
+        fn.__name__ = f"_fp8_{fn.__name__}_scaled_mm{'' if fast else '_precise'}{'' if act in (None, 'silu_mul') else '_' + act}"
+        return fn
+
+    return forms(True), forms(False)
+
+
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
     """The halves rule as Phi-3 writes it: up * silu(gate) (operands of two computed values are not commuted)."""
     gate, up = F.linear(x, w).chunk(2, dim=-1)
@@ -192,6 +223,15 @@ def weight8_operands(x: str, w: str, scales: str, wdtype: torch.dtype = torch.in
         return None
 
     return G.Guard(f"weight8_operands({x}, {w}, {scales})", check)
+
+
+def one_n(*weights: str) -> G.Guard:
+    """Can fire: the weights have one N (gate and up: the kernel reads the same columns of both)."""
+    def check(s: G.Site) -> str | None:
+        ns = [s.tensor(w).shape[0] for w in weights]
+        return None if len(set(ns)) == 1 else f"{'/'.join(weights)} have N {'/'.join(map(str, ns))}, not one"
+
+    return G.Guard(f"one_n({', '.join(weights)})", check)
 
 
 def splits_in_halves(w: str) -> G.Guard:
@@ -394,11 +434,16 @@ def _w8_rule(rank: int) -> Pattern:
     )
 
 
+def _fp8_weight(n: int, k: int, dev) -> tuple[Tensor, Tensor]:
+    """An e4m3 [n, k] weight spread over e4m3's range as torchao's are (clamped: past 464 the cast gives NaN), and
+    its float32 [n, 1] scales."""
+    w = (torch.randn(n, k, device=dev) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return w, torch.rand(n, 1, device=dev) * 0.01 / k ** 0.5 + 1e-4
+
+
 def _fp8_inputs(case, dt, dev):
     *rows, k, n = case
-    # spread over e4m3's range as torchao's weights are (clamped: past 464 the cast gives NaN)
-    w = (torch.randn(n, k, device=dev) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return rand((*rows, k), dt, dev), w, torch.rand(n, 1, device=dev) * 0.01 / k ** 0.5 + 1e-4
+    return rand((*rows, k), dt, dev), *_fp8_weight(n, k, dev)
 
 
 def _fp8_rule(rank: int) -> Pattern:
@@ -415,6 +460,56 @@ def _fp8_rule(rank: int) -> Pattern:
         fixtures=Fixtures(
             cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
             bad_layout=lambda dt, dev: _fp8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
+def _fp8_qkv_inputs(case, dt, dev):
+    *rows, k, nq, nkv = case
+    return rand((*rows, k), dt, dev), *_fp8_weight(nq, k, dev), *_fp8_weight(nkv, k, dev), *_fp8_weight(nkv, k, dev)
+
+
+def _fp8_gate_up_inputs(case, dt, dev):
+    *rows, k, n = case
+    return rand((*rows, k), dt, dev), *_fp8_weight(n, k, dev), *_fp8_weight(n, k, dev)
+
+
+FP8_QKV_GPU_CASES = {3: ((8, 1, 2048, 2048, 512), (1, 1, 1536, 1536, 256), (3, 1, 80, 200, 8), (40, 1, 272, 136, 24)),
+                     2: ((4, 2048, 2048, 512), (1, 1536, 1536, 256), (17, 1040, 24, 8), (64, 64, 8, 16))}
+
+
+def _fp8_qkv_rule(rank: int) -> Pattern:
+    """torchao's float8 dynamic per-row q, k and v of one x: three linears, one launch, x quantized once. Before the
+    one-weight rule in the table (its entries are tried first where both anchor)."""
+    trace_case = (2, 1, 16, 32, 16) if rank == 3 else (2, 16, 32, 16)
+    return Pattern(
+        f"decode_gemm.qkv_fp8{'' if rank == 3 else '_2d'}", reference=decode_qkv_fp8_ref, op="decode_qkv_fp8",
+        dtypes=(torch.float16, torch.bfloat16), inputs=_fp8_qkv_inputs, trace="inductor", trace_case=trace_case,
+        graph_forms=_fp8_multi_forms(None), exclusive=("wq", "wk", "wv"),
+        guards=(*(weight8_operands("x", w, s, torch.float8_e4m3fn) for w, s in (("wq", "sq"), ("wk", "sk"), ("wv", "sv"))),
+                few_rows("x", "linear_fp8"), wide_fp8_one_row("x", "wq")),
+        fixtures=Fixtures(
+            cases=((1, 1, 32, 48, 16), (2, 3, 16, 32, 16)) if rank == 3 else ((5, 32, 48, 16), (3, 16, 32, 16)),
+            gpu_cases=FP8_QKV_GPU_CASES[rank],
+            bad_layout=lambda dt, dev: _fp8_qkv_inputs((*trace_case[:-3], 24, 16, 8), dt, dev),
+            bad_reason="multiple of 16"),
+    )
+
+
+def _fp8_gate_up_rule(rank: int, act: str) -> Pattern:
+    """torchao's float8 dynamic per-row gate and up of one x with SwiGLU's / GeGLU's product: one launch."""
+    trace_case = (2, 1, 16, 32) if rank == 3 else (2, 16, 32)
+    name = "gate_up_silu_fp8" if act == "silu_mul" else "gate_up_gelu_tanh_fp8"
+    return Pattern(
+        f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_gate_up_fp8_ref, op="decode_gate_up_fp8",
+        static={"act": act}, dtypes=(torch.float16, torch.bfloat16), inputs=_fp8_gate_up_inputs, trace="inductor",
+        trace_case=trace_case, graph_forms=_fp8_multi_forms(act),
+        guards=(weight8_operands("x", "wg", "sg", torch.float8_e4m3fn),
+                weight8_operands("x", "wu", "su", torch.float8_e4m3fn), one_n("wg", "wu"),
+                few_rows("x", "linear_fp8"), wide_fp8_one_row("x", "wg")),
+        fixtures=Fixtures(
+            cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
+            bad_layout=lambda dt, dev: _fp8_gate_up_inputs((*trace_case[:-2], 24, 8), dt, dev),
+            bad_reason="multiple of 16"),
     )
 
 
@@ -437,5 +532,8 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
             _w8_rule(3), _w8_rule(2),
-            # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm
-            _fp8_rule(3), _fp8_rule(2)]
+            # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm;
+            # gate/up and q/k/v of one x before the one-weight linear
+            _fp8_gate_up_rule(3, "silu_mul"), _fp8_gate_up_rule(2, "silu_mul"),
+            _fp8_gate_up_rule(3, "gelu_tanh_mul"), _fp8_gate_up_rule(2, "gelu_tanh_mul"),
+            _fp8_qkv_rule(3), _fp8_qkv_rule(2), _fp8_rule(3), _fp8_rule(2)]

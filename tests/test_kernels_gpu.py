@@ -6,6 +6,7 @@ the fused result is at most 2x as far from a float64 reference as eager in the s
 import contextlib
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fusion_backend import _ext, ops, registry, table
 from fusion_backend.patterns import batched_matmul as BM
@@ -724,10 +725,46 @@ def test_decode_linear_fp8_quantization_rows_graphs_and_bad_calls(dtype):
     for xx, ww, ss, match in ((x[:, :1000], w[:, :1000], ws, "multiple of 16"),
                               (x, w.to(dtype), ws, "must be a float8_e4m3fn"),
                               (x, w.t().contiguous().t(), ws, "contiguous"),
-                              (x, w, ws.to(dtype), "w_scale must be"),
-                              (x, w, ws[:8], "w_scale must be")):
+                              (x, w, ws.to(dtype), "scales must be"),
+                              (x, w, ws[:8], "scales must be")):
         with pytest.raises(RuntimeError, match=match):
             op(xx.contiguous(), ww, ss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_fp8_qkv_and_gate_up_equal_their_linears(dtype):
+    """decode_qkv_fp8 and decode_gate_up_fp8 (several fp8 weights of one x, x quantized once): each output bit for bit
+    decode_linear_fp8's of its weight (one kernel, the same sums and roundings), the gated product eager's act of
+    those within an ulp, at rows in one tile, after quantize_rows (9-64) and past 32 (the 64-row tile), parts of 8
+    columns, a part with none; inside a CUDA graph; bad calls raise fusekit errors."""
+    lin, qkv, gu = (torch.ops.fusekit.decode_linear_fp8, torch.ops.fusekit.decode_qkv_fp8,
+                    torch.ops.fusekit.decode_gate_up_fp8)
+    pq, pg = table.by_id("decode_gemm.qkv_fp8_2d"), table.by_id("decode_gemm.gate_up_silu_fp8_2d")
+    for m in (1, 8, 9, 17, 33, 70):
+        for k, nq, nkv in ((80, 200, 8), (2048, 2048, 512)):
+            x, *ws = pq.make_args((m, k, nq, nkv), dtype, "cuda")
+            for o, (w, s) in zip(qkv(x, *ws), zip(ws[::2], ws[1::2])):
+                assert torch.equal(o, lin(x, w, s)), (m, k, nq, nkv)
+            x, wg, sg, wu, su = pg.make_args((m, k, nq), dtype, "cuda")
+            g, u = lin(x, wg, sg), lin(x, wu, su)
+            for act, f in (("silu_mul", F.silu), ("gelu_tanh_mul", lambda t: F.gelu(t, approximate="tanh"))):
+                torch.testing.assert_close(gu(x, wg, sg, wu, su, act), f(g) * u, rtol=2 ** -7, atol=1e-5)
+    x, wq, sq, *_ = pq.make_args((3, 64, 16, 8), dtype, "cuda")
+    q, k, v = qkv(x, wq, sq, wq[:0], sq[:0], wq, sq)
+    assert k.shape == (3, 0) and torch.equal(q, v) and torch.equal(q, lin(x, wq, sq))
+    _check_graph_replay(pq, pq.make_args((5, 1024, 136, 24), dtype, "cuda"))
+    _check_graph_replay(pg, pg.make_args((5, 1024, 136), dtype, "cuda"))
+    x, wg, sg, wu, su = pg.make_args((5, 1024, 136), dtype, "cuda")
+    for bad, match in (((x, wg, sg, wu[:8], su[:8], "silu_mul"), "one N"),
+                       ((x, wg, sg, wu, su, "gelu"), "act must be"),
+                       ((x, wg.to(dtype), sg, wu, su, "silu_mul"), "wg must be a float8_e4m3fn"),
+                       ((x, wg, sg, wu, su.to(dtype), "silu_mul"), "wu's scales must be"),
+                       ((x[:, :1000].contiguous(), wg[:, :1000].contiguous(), sg, wu, su, "silu_mul"), "multiple of 16")):
+        with pytest.raises(RuntimeError, match=f"fusekit: decode_gate_up_fp8.*{match}"):
+            gu(*bad)
+    x, *ws = pq.make_args((5, 1024, 136, 24), dtype, "cuda")
+    with pytest.raises(RuntimeError, match="fusekit: decode_qkv_fp8.*wv must be contiguous"):
+        qkv(x, *ws[:4], ws[4].t().contiguous().t(), ws[5])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

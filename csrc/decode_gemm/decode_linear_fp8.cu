@@ -1,5 +1,5 @@
 // fusekit::decode_linear_fp8 -- torchao's float8 dynamic per-row linear (Float8DynamicActivationFloat8WeightConfig
-// with PerRow) at a decode step's few rows, the activation's quantization included: one launch, no fp8 copy of x.
+// with PerRow) at a decode step's few rows, the activation's quantization included.
 //
 //   def decode_linear_fp8_ref(x, w, w_scale):         # x [..., K] 16-bit, w [N, K] e4m3, w_scale [N, 1] float32
 //       s = (x.abs().amax(-1, keepdim=True) / 448.0).float()              # the division rounded to x's dtype
@@ -12,328 +12,32 @@
 //
 // Contract: x [..., K] (M rows) float16 or bfloat16, contiguous, 16-byte aligned, K a multiple of 16; w [N, K]
 // float8_e4m3fn, contiguous, 16-byte aligned; w_scale N float32 ([N] or [N, 1]), contiguous. Returns [..., N] of x's
-// dtype: each row quantized exactly as above (the quotient correctly rounded, then e4m3 round-to-nearest-even with
-// +-448 saturation, NaN kept: clamp + cast), the fp8 products summed in float32 (tensor cores), times both scales,
-// rounded once. Runs on the current stream (above 8 rows with x's e4m3 copy from the caching allocator); on sm_90+
-// launched with programmatic dependent launch.
-//
-// The CTA is decode_linear_w8's: 8 warps, 8 NB output columns, all of K, 16 MT rows. Up to 8 rows it first finds the
-// max |x| of its rows (warp per row), then each lane quantizes the 16 k of x it multiplies: one launch. Above 8 rows
-// quantize_rows writes x's e4m3 copy and the rows' scales first (a CTA per row) and the GEMM reads those. fp8 values
-// are exact in float16, so x and w are widened to float16 and m16n8k16 takes them whatever x's dtype (cvt e4m3x2 ->
-// f16x2: sm_89+ hardware).
+// dtype, computed as decode_linear_fp8.cuh says (its kernel, one part). Runs on the current stream.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_fp8.h>
 #include <torch/library.h>
 
-#include "decode_gemm/decode_linear.cuh"
+#include "decode_gemm/decode_linear_fp8.cuh"
 #include "dtype_dispatch.cuh"
 
 namespace fusekit {
 namespace {
 
-using decode_gemm::kWarps;
-using decode_gemm::load_cached;
-using decode_gemm::load_stream;
-using decode_gemm::mma_chunk;
-
-constexpr int kChunk8 = 64;      // k per chunk: 4 lanes x 16 values
-constexpr float kFp8Max = 448.f;  // torch.finfo(torch.float8_e4m3fn).max
-
-struct Fp8Params {
-  const void* x;        // x [M, K] of T (PREQ: its e4m3 copy, xq)
-  const float* x_scale;  // PREQ: the rows' scales (quantize_rows' output)
-  const uint8_t* w;
-  const float* w_scale;
-  void* out;
-  int m, n, k;
-};
-
-// two e4m3 (low byte first) -> a float16 pair, exact
-__device__ __forceinline__ uint32_t widen2(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-// 16 e4m3 -> k [0, 8) and [8, 16) as two fragments of 8 float16
-__device__ __forceinline__ void widen16(const uint4& q, uint4& a, uint4& b) {
-  const uint32_t v[4] = {q.x, q.y, q.z, q.w};
-  uint32_t h[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    h[2 * i] = widen2(static_cast<uint16_t>(v[i] & 0xFFFFu));
-    h[2 * i + 1] = widen2(static_cast<uint16_t>(v[i] >> 16));
-  }
-  a = make_uint4(h[0], h[1], h[2], h[3]);
-  b = make_uint4(h[4], h[5], h[6], h[7]);
-}
-
-// x / s correctly rounded from r = 1/s (rounded): one Newton step on the quotient (the residual exact by fma)
-__device__ __forceinline__ float div_rn(float x, float s, float r) {
-  const float q = __fmul_rn(x, r);
-  return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
-}
-
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  } else {
-    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
-  }
-}
-
-// 2 values of x (one word of T) quantized with the row's s (and r = 1/s) -> two e4m3, the first in the low byte
-template <typename T>
-__device__ __forceinline__ __nv_fp8x2_storage_t quantize2(uint32_t v, float s, float r) {
-  const float2 f = to_float2<T>(v);
-  // satfinite: beyond +-448 -> +-448 (the clamp), NaN stays NaN (as clamp then cast)
-  return __nv_cvt_float2_to_fp8x2(make_float2(div_rn(f.x, s, r), div_rn(f.y, s, r)), __NV_SATFINITE, __NV_E4M3);
-}
-
-// 8 values of x (one uint4) quantized -> 8 float16 holding e4m3 values
-template <typename T>
-__device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
-  return make_uint4(widen2(quantize2<T>(v.x, s, r)), widen2(quantize2<T>(v.y, s, r)), widen2(quantize2<T>(v.z, s, r)),
-                    widen2(quantize2<T>(v.w, s, r)));
-}
-
-// max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
-// (exact: the max of 16-bit values)
-template <typename T>
-__device__ __forceinline__ float warp_amax(const T* x, int k, int first, int stride) {
-  float a = 0.f;
-  for (int kk = first; kk < k; kk += stride) {
-    const uint4 v = load_cached(x + kk);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = to_float2<T>(w[i]);
-      a = fmaxf(a, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
-  return a;
-}
-
-// the row's scale from its max |x|: amax / 448 rounded to x's dtype (as eager divides a T tensor), as a float
-template <typename T>
-__device__ __forceinline__ float row_scale(float amax) { return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max))); }
-
-// Above 8 rows every CTA quantizing its rows again costs more than the pass over its weight columns (H100: 32 rows
-// 0.55x Inductor at 2048 -> 5632): one CTA per row first writes the row's e4m3 copy and scale (quantize_rows),
-// and the GEMM (PREQ) widens those.
-template <typename T>
-__global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq,
-                                                            float* __restrict__ xs, int k) {
-  __shared__ float warp_max[8];
-  const int64_t row = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  pdl_wait();
-  float a = warp_amax(x + row * k, k, threadIdx.x * 8, 256 * 8);
-  if (lane == 0) warp_max[warp] = a;
-  __syncthreads();
-  a = warp_max[0];
-#pragma unroll
-  for (int i = 1; i < 8; ++i) a = fmaxf(a, warp_max[i]);
-  const float s = row_scale<T>(a), r = __frcp_rn(s);
-  if (threadIdx.x == 0) xs[row] = s;
-  for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
-    const uint4 v = load_cached(x + row * k + kk);
-    const auto pair = [&](uint32_t lo, uint32_t hi) {  // 4 e4m3 in memory order
-      return static_cast<uint32_t>(quantize2<T>(lo, s, r)) | (static_cast<uint32_t>(quantize2<T>(hi, s, r)) << 16);
-    };
-    *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
-  }
-  pdl_trigger();
-}
-
-template <typename T, int MT, int NB, bool HI, bool PREQ>
-__global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp8Params p) {
-  constexpr int H = HI ? 2 : 1;
-  constexpr int U = MT == 1 ? 4 : MT == 2 ? 2 : 1;  // chunks in flight per lane
-  constexpr int F = NB * MT * 4;                    // accumulators per lane
-  constexpr int R = 16 * MT;                        // rows per CTA
-  __shared__ float red[kWarps][F][32];
-  __shared__ float row_s[R], row_r[R];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 8 * NB, m0 = blockIdx.y * R;
-  const int chunks = (p.k + kChunk8 - 1) / kChunk8;
-  const T* x = static_cast<const T*>(p.x);
-  pdl_wait();  // x, and the output: the kernels before (PDL)
-
-  // the rows' scales: s = float(T(amax / 448)), as eager rounds the division to x's dtype. fmaxf drops a NaN that
-  // amax keeps; the row's output is NaN either way (the NaN, quantized, enters every column's sum). A row of zeros:
-  // s = 0, every quotient NaN, as eager's 0 / 0.
-  if constexpr (PREQ) {
-    for (int r = threadIdx.x; r < R; r += kWarps * 32) row_s[r] = m0 + r < p.m ? p.x_scale[m0 + r] : 1.f;
-  } else {
-    for (int r = warp; r < R; r += kWarps) {
-      if (m0 + r >= p.m) break;
-      const float s = row_scale<T>(warp_amax(x + static_cast<int64_t>(m0 + r) * p.k, p.k, lane * 8, 32 * 8));
-      if (lane == 0) {
-        row_s[r] = s;
-        row_r[r] = __frcp_rn(s);
-      }
-    }
-  }
-  __syncthreads();
-  float sq[MT][H], rq[MT][H];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-      const int r = i * 16 + h * 8 + g;
-      sq[i][h] = !PREQ && m0 + r < p.m ? row_s[r] : 1.f;
-      rq[i][h] = !PREQ && m0 + r < p.m ? row_r[r] : 1.f;
-    }
-
-  float acc[NB][MT][4];
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[nb][i][c] = 0.f;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-
-  for (int c0 = warp; c0 < chunks; c0 += kWarps * U) {
-    uint4 a[U][MT][H][2], q[U][NB];  // x (16-bit, then quantized): [chunk][tile][row g | g + 8][k 0-7 | 8-15]
-#pragma unroll
-    for (int u = 0; u < U; ++u) {  // every load of U chunks first, then their products
-      const int kk = (c0 + u * kWarps) * kChunk8 + t * 16;
-      const bool kin = kk < p.k;  // K % 16 == 0: a lane's 16 values all in or all out
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-          const int row = m0 + i * 16 + h * 8 + g;
-          const bool ok = kin && row < p.m;
-          if constexpr (PREQ) {  // 16 e4m3 of xq: loaded now, widened with the products
-            const uint8_t* xp = static_cast<const uint8_t*>(p.x) + (ok ? static_cast<int64_t>(row) * p.k + kk : 0);
-            a[u][i][h][0] = ok ? load_cached(xp) : zero;
-          } else {
-            const T* xp = ok ? x + static_cast<int64_t>(row) * p.k + kk : x;
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              a[u][i][h][s] = load_cached(xp + (ok ? 8 * s : 0));
-              if (!ok) a[u][i][h][s] = zero;
-            }
-          }
-        }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        const int col = n0 + nb * 8 + g;
-        const bool ok = kin && col < p.n;
-        q[u][nb] = load_stream(ok ? p.w + static_cast<int64_t>(col) * p.k + kk : p.w);
-        if (!ok) q[u][nb] = zero;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-          if constexpr (PREQ) {
-            const uint4 v = a[u][i][h][0];
-            widen16(v, a[u][i][h][0], a[u][i][h][1]);
-          } else {
-#pragma unroll
-            for (int s = 0; s < 2; ++s) a[u][i][h][s] = quantize8<T>(a[u][i][h][s], sq[i][h], rq[i][h]);
-          }
-        }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        uint4 w0, w1;
-        widen16(q[u][nb], w0, w1);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          mma_chunk<__half>(acc[nb][i], a[u][i][0][0], HI ? a[u][i][H - 1][0] : zero, w0);
-          mma_chunk<__half>(acc[nb][i], a[u][i][0][1], HI ? a[u][i][H - 1][1] : zero, w1);
-        }
-      }
-    }
-  }
-  pdl_trigger();
-
-  // the warps' sums in warp order (deterministic), then both scales; C fragment: c0, c1 row g, c2, c3 row g + 8,
-  // columns 2t, 2t + 1
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) red[warp][(nb * MT + i) * 4 + c][lane] = acc[nb][i][c];
-  __syncthreads();
-  T* out = static_cast<T*>(p.out);
-  for (int e = threadIdx.x; e < F * 32; e += kWarps * 32) {
-    const int l = e % 32, f = e / 32, c = f % 4, i = f / 4 % MT, nb = f / (4 * MT);
-    const int r = i * 16 + (l / 4) + (c / 2) * 8, row = m0 + r, col = n0 + nb * 8 + (l % 4) * 2 + c % 2;
-    float s = 0.f;
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) s += red[v][f][l];
-    if (row < p.m && col < p.n)
-      out[static_cast<int64_t>(row) * p.n + col] = from_float<T>(s * row_s[r] * p.w_scale[col]);
-  }
-}
-
-template <typename T, int MT, int NB, bool HI, bool PREQ>
-void launch(const Fp8Params& p, cudaStream_t stream) {
-  const dim3 grid((p.n + 8 * NB - 1) / (8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
-  static const int version = binary_version(decode_linear_fp8_kernel<T, MT, NB, HI, PREQ>);
-  launch_ex(decode_linear_fp8_kernel<T, MT, NB, HI, PREQ>, grid, dim3(kWarps * 32), 0, stream,
-            pdl_allowed(version, 'g'), 0, p);
-}
-
-template <typename T>
-void launch_quantize_rows(const void* x, uint8_t* xq, float* xs, int m, int k, cudaStream_t stream) {
-  static const int version = binary_version(quantize_rows_kernel<T>);
-  launch_ex(quantize_rows_kernel<T>, dim3(m), dim3(256), 0, stream, pdl_allowed(version, 'g'), 0,
-            static_cast<const T*>(x), xq, xs, k);
-}
-
 at::Tensor decode_linear_fp8_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
   constexpr const char* op = "decode_linear_fp8";
-  decode_gemm::check_x(x, op);
-  TORCH_CHECK(x.size(-1) % 16 == 0, "fusekit: decode_linear_fp8: K = x.shape[-1] must be a multiple of 16; got x ",
-              describe(x));
-  TORCH_CHECK(w.scalar_type() == at::kFloat8_e4m3fn && w.dim() == 2 && w.size(1) == x.size(-1) &&
-                  w.device() == x.device(),
-              "fusekit: decode_linear_fp8: w must be a float8_e4m3fn [N, K] on x's device with K = x.shape[-1]; got x ",
-              describe(x), ", w ", describe(w));
-  TORCH_CHECK(w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) < (int64_t{1} << 30),
-              "fusekit: decode_linear_fp8: w must be contiguous and 16-byte aligned; got ", describe(w));
-  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.numel() == w.size(0) && w_scale.is_contiguous() &&
-                  w_scale.dim() >= 1 && w_scale.dim() <= 2 && w_scale.size(0) == w.size(0) &&
-                  w_scale.device() == x.device(),
-              "fusekit: decode_linear_fp8: w_scale must be a contiguous float32 [N] or [N, 1] on x's device; got w ",
-              describe(w), ", w_scale ", describe(w_scale));
+  decode_fp8::check_x(x, op);
+  decode_fp8::check_weight(x, w, w_scale, op, "w");
   const int64_t m = decode_gemm::rows(x, op);
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = decode_gemm::out_like(x, w.size(0));
   if (out.numel() == 0) return out;
-  Fp8Params p{x.data_ptr(), nullptr, static_cast<const uint8_t*>(w.data_ptr()), w_scale.data_ptr<float>(),
-              out.data_ptr(), static_cast<int>(m), static_cast<int>(w.size(0)), static_cast<int>(x.size(-1))};
+  decode_fp8::Fp8Params p{};
+  p.x = x.data_ptr(), p.m = static_cast<int>(m), p.k = static_cast<int>(x.size(-1)), p.parts = 1;
+  p.w[0] = w.data_ptr(), p.w_scale[0] = w_scale.data_ptr<float>(), p.out[0] = out.data_ptr();
+  p.n[0] = static_cast<int>(w.size(0));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor xq, xs;  // above 8 rows: x's e4m3 copy and the rows' scales (the caching allocator: graph-safe)
-  if (p.m > 8) {
-    xq = at::empty({m, x.size(-1)}, x.options().dtype(at::kByte));
-    xs = at::empty({m}, x.options().dtype(at::kFloat));
-  }
-  dispatch_half_bf16(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    if (p.m <= 8) return launch<T, 1, 2, false, false>(p, stream);
-    launch_quantize_rows<T>(x.data_ptr(), xq.data_ptr<uint8_t>(), xs.data_ptr<float>(), p.m, p.k, stream);
-    p.x = xq.data_ptr();
-    p.x_scale = xs.data_ptr<float>();
-    if (p.m <= 16) return launch<T, 1, 2, true, true>(p, stream);
-    if (p.m <= 32) return launch<T, 2, 2, true, true>(p, stream);
-    launch<T, 4, 1, true, true>(p, stream);
-  });
+  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 1>(p, x, stream); });
   return out;
 }
 
