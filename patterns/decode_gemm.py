@@ -111,12 +111,13 @@ def _scaled_mm_of(x: Tensor, w: Tensor, w_scale: Tensor, fast_accum: bool, unsqu
 def _fp8_scaled_mm(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     """The same linear as torchao 0.18 writes it for aten._scaled_mm (Float8Tensor's _float8_addmm_impl: rows
     flattened, the scale reshaped to [M, 1], the weight and its scales transposed views; use_fast_accum, its
-    default), as a decoder layer's linear leaves it in the graph."""
+    default), as a decoder layer's linear of one row leaves it in the graph (the scale's unsqueeze folded away)."""
     return _scaled_mm_of(x, w, w_scale, True, False)
 
 
 def _fp8_scaled_mm_unsqueezed(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
-    """The same with the scale unsqueezed before its reshape, as a lone nn.Linear leaves it."""
+    """The same with the scale unsqueezed before its reshape, as a decoder layer's linear of several rows (or a lone
+    nn.Linear) leaves it."""
     return _scaled_mm_of(x, w, w_scale, True, True)
 
 
@@ -142,22 +143,23 @@ def decode_gate_up_fp8_ref(x: Tensor, wg: Tensor, sg: Tensor, wu: Tensor, su: Te
 
 
 def _fp8_multi_forms(act: str | None) -> tuple:
-    """The graph forms of the q/k/v (`act` None) or gate/up rule: each linear in torchao's _scaled_mm spelling of a
-    decoder layer (_fp8_scaled_mm, and with use_fast_accum=False)."""
-    def forms(fast: bool):
+    """The graph forms of the q/k/v (`act` None) or gate/up rule: each linear in torchao's _scaled_mm spelling
+    (_scaled_mm_of: use_fast_accum True and False; the scale unsqueezed or not, as rows past one leave it)."""
+    def form(fast: bool, unsqueeze: bool):
         if act is None:
             def qkv(x, wq, sq, wk, sk, wv, sv):
-                return tuple(_scaled_mm_of(x, w, s, fast, False) for w, s in ((wq, sq), (wk, sk), (wv, sv)))
+                return tuple(_scaled_mm_of(x, w, s, fast, unsqueeze) for w, s in ((wq, sq), (wk, sk), (wv, sv)))
             fn = qkv
         else:
             def gate_up(x, wg, sg, wu, su):
-                gate, up = _scaled_mm_of(x, wg, sg, fast, False), _scaled_mm_of(x, wu, su, fast, False)
+                gate, up = _scaled_mm_of(x, wg, sg, fast, unsqueeze), _scaled_mm_of(x, wu, su, fast, unsqueeze)
                 return (F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
             fn = gate_up
-        fn.__name__ = f"_fp8_{fn.__name__}_scaled_mm{'' if fast else '_precise'}{'' if act in (None, 'silu_mul') else '_' + act}"
+        fn.__name__ = (f"_fp8_{fn.__name__}_scaled_mm{'' if fast else '_precise'}{'_unsqueezed' if unsqueeze else ''}"
+                       f"{'' if act in (None, 'silu_mul') else '_' + act}")
         return fn
 
-    return forms(True), forms(False)
+    return tuple(form(fast, unsqueeze) for fast in (True, False) for unsqueeze in (False, True))
 
 
 def _up_times_silu_gate(x: Tensor, w: Tensor) -> Tensor:
