@@ -19,6 +19,14 @@ inline bool pdl_enabled(char part) {
   return std::strchr(e, part) != nullptr;
 }
 
+// FUSEKIT_DECODE_FP8_BLOCKS: the 8-column blocks per CTA of the one-weight fp8 decode GEMM (decode_linear_fp8,
+// decode_qkv_fp8: decode_gemm/decode_linear_fp8.cuh's launch_fp8) at up to 32 rows, "1" or "2"; 0 (unset or
+// anything else): its own choice.
+inline int decode_fp8_blocks() {
+  const char* e = std::getenv("FUSEKIT_DECODE_FP8_BLOCKS");
+  return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? e[0] - '0' : 0;
+}
+
 // FUSEKIT_DECODE_GEMM: the kernel of decode_linear and decode_qkv (decode_gemm/decode_linear_splitk.cuh's
 // launch_decode_linear). "old": decode_linear_kernel; "splitk": the split-K kernel wherever it fits (1-64 rows),
 // "splitk:S" with S splits of K; "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B": the TMA kernel (1-64 rows, sm_90a

@@ -732,11 +732,12 @@ def test_decode_linear_fp8_quantization_rows_graphs_and_bad_calls(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_fp8_qkv_and_gate_up_equal_their_linears(dtype):
+def test_decode_fp8_qkv_and_gate_up_equal_their_linears(dtype, monkeypatch):
     """decode_qkv_fp8 and decode_gate_up_fp8 (several fp8 weights of one x, x quantized once): each output bit for bit
     decode_linear_fp8's of its weight (one kernel, the same sums and roundings), the gated product eager's act of
     those within an ulp, at rows in one tile, after quantize_rows (9-64) and past 32 (the 64-row tile), parts of 8
-    columns, a part with none; inside a CUDA graph; bad calls raise fusekit errors."""
+    columns, a part with none; the one-weight kernel with 8 or 16 columns per CTA (FUSEKIT_DECODE_FP8_BLOCKS) bit
+    for bit the same; inside a CUDA graph; bad calls raise fusekit errors."""
     lin, qkv, gu = (torch.ops.fusekit.decode_linear_fp8, torch.ops.fusekit.decode_qkv_fp8,
                     torch.ops.fusekit.decode_gate_up_fp8)
     pq, pg = table.by_id("decode_gemm.qkv_fp8_2d"), table.by_id("decode_gemm.gate_up_silu_fp8_2d")
@@ -745,6 +746,10 @@ def test_decode_fp8_qkv_and_gate_up_equal_their_linears(dtype):
             x, *ws = pq.make_args((m, k, nq, nkv), dtype, "cuda")
             for o, (w, s) in zip(qkv(x, *ws), zip(ws[::2], ws[1::2])):
                 assert torch.equal(o, lin(x, w, s)), (m, k, nq, nkv)
+                for blocks in ("1", "2"):
+                    monkeypatch.setenv("FUSEKIT_DECODE_FP8_BLOCKS", blocks)
+                    assert torch.equal(o, lin(x, w, s)), (m, k, nq, nkv, blocks)
+                    monkeypatch.delenv("FUSEKIT_DECODE_FP8_BLOCKS")
             x, wg, sg, wu, su = pg.make_args((m, k, nq), dtype, "cuda")
             g, u = lin(x, wg, sg), lin(x, wu, su)
             for act, f in (("silu_mul", F.silu), ("gelu_tanh_mul", lambda t: F.gelu(t, approximate="tanh"))):

@@ -22,6 +22,7 @@
 #include <ATen/ops/empty.h>
 #include <cuda_fp8.h>
 
+#include "debug_overrides.h"             // FUSEKIT_DECODE_FP8_BLOCKS
 #include "decode_gemm/decode_linear.cuh"  // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
 
 namespace fusekit {
@@ -299,12 +300,9 @@ void launch(const Fp8Params& p, int tiles, cudaStream_t stream) {
             pdl_allowed(version, 'g'), 0, p);
 }
 
-// Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): above 8 rows after
-// quantize_rows (x's e4m3 copy and scales from the caching allocator: graph-safe). NW = 2 takes 8 columns of both
-// weights per CTA, NW = 1 16 of one part (8 above 32 rows).
-template <typename T, int NW>
-void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
-  constexpr int NB = NW == 2 ? 1 : 2;
+// The GEMM with NB column blocks per CTA (see launch_fp8)
+template <typename T, int NW, int NB>
+void launch_fp8_tiles(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
   if (p.m <= 8) return launch<T, 1, NW, NB, false, false>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
   const at::Tensor xq = at::empty({p.m, p.k}, x.options().dtype(at::kByte));
   const at::Tensor xs = at::empty({p.m}, x.options().dtype(at::kFloat));
@@ -316,6 +314,20 @@ void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
   if (p.m <= 16) return launch<T, 1, NW, NB, true, true>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
   if (p.m <= 32) return launch<T, 2, NW, NB, true, true>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
   launch<T, 4, NW, 1, true, true>(p, decode_gemm::set_tile_ends(p, 8), stream);
+}
+
+// Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): above 8 rows after
+// quantize_rows (x's e4m3 copy and scales from the caching allocator: graph-safe). NW = 2 takes 8 columns of both
+// weights per CTA; NW = 1 16 of one part where that still makes two CTAs per SM (x read by half as many CTAs),
+// else 8 (an N = 2048 o or down projection: 256 CTAs, not 128 of 8 warps each, too few to keep HBM busy).
+template <typename T, int NW>
+void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
+  if constexpr (NW == 1) {
+    const int forced = debug::decode_fp8_blocks();  // FUSEKIT_DECODE_FP8_BLOCKS (tests, benchmarks)
+    if (p.m <= 32 && (forced == 1 || (forced == 0 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))
+      return launch_fp8_tiles<T, NW, 1>(p, x, stream);
+  }
+  launch_fp8_tiles<T, NW, NW == 2 ? 1 : 2>(p, x, stream);
 }
 
 // Host side: x (16-bit rows, K a multiple of 16) and an e4m3 weight with its float32 [N] / [N, 1] scales.
