@@ -26,7 +26,8 @@ int8 weight-only linears (torchao's Int8WeightOnlyConfig: ``F.linear(x, w.to(x.d
 ``fusekit::decode_linear_w8``, which widens the int8 weight in registers; Inductor's own kernel for them
 (aten._weight_int8pack_mm) measured 16.6-100x slower at 1-64 rows (H200, benchmarks/RESULTS.md). torchao's float8
 dynamic per-row linears (x quantized per row, aten._scaled_mm) take ``fusekit::decode_linear_fp8``, the
-quantization included, up to 32 rows (an LM-head-wide one at one row): 1.19-2.02x Inductor's (H200).
+quantization included, up to 32 rows (an LM-head-wide one at one row): 1.19-2.02x Inductor's (H200); q/k/v of one x
+take ``decode_qkv_fp8`` and gate/up with their product ``decode_gate_up_fp8`` (one launch each, x quantized once).
 
 Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
 for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a

@@ -318,13 +318,14 @@ void launch_fp8_tiles(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
 
 // Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): above 8 rows after
 // quantize_rows (x's e4m3 copy and scales from the caching allocator: graph-safe). NW = 2 takes 8 columns of both
-// weights per CTA; NW = 1 16 of one part where that still makes two CTAs per SM (x read by half as many CTAs),
-// else 8 (an N = 2048 o or down projection: 256 CTAs, not 128 of 8 warps each, too few to keep HBM busy).
+// weights per CTA; NW = 1 16 of one part (x read by half as many CTAs), except at up to 8 rows where 16 would leave
+// under two CTAs per SM: 8 there (H200, Llama-style N = 2048: q 5.8 -> 5.2 us at 1 row, 6.1 -> 5.5 at 8; down
+// 14.6 -> 12.3, 15.0 -> 13.0; at 32 rows 8 columns measured slower, q 7.1 -> 7.3, down 14.1 -> 14.8).
 template <typename T, int NW>
 void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
   if constexpr (NW == 1) {
     const int forced = debug::decode_fp8_blocks();  // FUSEKIT_DECODE_FP8_BLOCKS (tests, benchmarks)
-    if (p.m <= 32 && (forced == 1 || (forced == 0 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))
+    if (p.m <= 32 && (forced == 1 || (forced == 0 && p.m <= 8 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))
       return launch_fp8_tiles<T, NW, 1>(p, x, stream);
   }
   launch_fp8_tiles<T, NW, NW == 2 ? 1 : 2>(p, x, stream);
