@@ -20,7 +20,7 @@ inline bool pdl_enabled(char part) {
 }
 
 // FUSEKIT_DECODE_FP8_BLOCKS: the 8-column blocks per CTA of the one-weight fp8 decode GEMM (decode_linear_fp8,
-// decode_qkv_fp8: decode_gemm/decode_linear_fp8.cuh's launch_fp8) at up to 32 rows, "1" or "2"; 0 (unset or
+// decode_qkv_fp8: decode_gemm/decode_linear_fp8.cuh's launch_fp8) at up to 8 rows, "1" or "2"; 0 (unset or
 // anything else): its own choice.
 inline int decode_fp8_blocks() {
   const char* e = std::getenv("FUSEKIT_DECODE_FP8_BLOCKS");

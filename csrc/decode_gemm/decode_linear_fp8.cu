@@ -22,6 +22,11 @@
 #include "dtype_dispatch.cuh"
 
 namespace fusekit {
+namespace decode_fp8 {  // the one-weight GEMMs, for decode_qkv_fp8.cu too (the header's extern declarations)
+template void launch_fp8<__half, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
+template void launch_fp8<__nv_bfloat16, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
+}  // namespace decode_fp8
+
 namespace {
 
 at::Tensor decode_linear_fp8_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {

@@ -325,11 +325,15 @@ template <typename T, int NW>
 void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
   if constexpr (NW == 1) {
     const int forced = debug::decode_fp8_blocks();  // FUSEKIT_DECODE_FP8_BLOCKS (tests, benchmarks)
-    if (p.m <= 32 && (forced == 1 || (forced == 0 && p.m <= 8 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))
-      return launch_fp8_tiles<T, NW, 1>(p, x, stream);
+    if (p.m <= 8 && (forced == 1 || (forced == 0 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))
+      return launch<T, 1, NW, 1, false, false>(p, decode_gemm::set_tile_ends(p, 8), stream);
   }
   launch_fp8_tiles<T, NW, NW == 2 ? 1 : 2>(p, x, stream);
 }
+
+// The one-weight GEMMs are built once (decode_linear_fp8.cu); decode_qkv_fp8.cu links to them (build time).
+extern template void launch_fp8<__half, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
+extern template void launch_fp8<__nv_bfloat16, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
 
 // Host side: x (16-bit rows, K a multiple of 16) and an e4m3 weight with its float32 [N] / [N, 1] scales.
 inline void check_x(const at::Tensor& x, const char* op) {
