@@ -137,10 +137,14 @@ def decode_qkv_fp8_ref(x: Tensor, wq: Tensor, sq: Tensor, wk: Tensor, sk: Tensor
     return decode_linear_fp8_ref(x, wq, sq), decode_linear_fp8_ref(x, wk, sk), decode_linear_fp8_ref(x, wv, sv)
 
 
+def _gated(act: str, gate: Tensor, up: Tensor) -> Tensor:
+    """SwiGLU's (act "silu_mul") or GeGLU's ("gelu_tanh_mul") product of the gate and up projections."""
+    return (F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
+
+
 def decode_gate_up_fp8_ref(x: Tensor, wg: Tensor, sg: Tensor, wu: Tensor, su: Tensor, act: str = "silu_mul") -> Tensor:
     """SwiGLU's (act "silu_mul") or GeGLU's ("gelu_tanh_mul") gate and up as float8 dynamic per-row linears of x."""
-    gate, up = decode_linear_fp8_ref(x, wg, sg), decode_linear_fp8_ref(x, wu, su)
-    return (F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
+    return _gated(act, decode_linear_fp8_ref(x, wg, sg), decode_linear_fp8_ref(x, wu, su))
 
 
 def _fp8_multi_forms(act: str | None) -> tuple:
@@ -153,8 +157,7 @@ def _fp8_multi_forms(act: str | None) -> tuple:
             fn = qkv
         else:
             def gate_up(x, wg, sg, wu, su):
-                gate, up = _scaled_mm_of(x, wg, sg, fast, unsqueeze), _scaled_mm_of(x, wu, su, fast, unsqueeze)
-                return (F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
+                return _gated(act, _scaled_mm_of(x, wg, sg, fast, unsqueeze), _scaled_mm_of(x, wu, su, fast, unsqueeze))
             fn = gate_up
         fn.__name__ = (f"_fp8_{fn.__name__}_scaled_mm{'' if fast else '_precise'}{'_unsqueezed' if unsqueeze else ''}"
                        f"{'' if act in (None, 'silu_mul') else '_' + act}")
