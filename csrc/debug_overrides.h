@@ -27,6 +27,19 @@ inline int decode_fp8_blocks() {
   return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? e[0] - '0' : 0;
 }
 
+// FUSEKIT_DECODE_ATTN_ROWS: "4" runs decode_attention's one-row CTAs (MHA decode, head dims <= 128) in the
+// 4-row tile with its two-stage ring (decode/decode_attention.cu); 0 (unset or anything else): the one-row tile.
+inline int decode_attention_rows() {
+  const char* e = std::getenv("FUSEKIT_DECODE_ATTN_ROWS");
+  return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 0;
+}
+
+// FUSEKIT_DECODE_ATTN_RING: "3": the one-row tile's K/V ring of three stages instead of its default.
+inline int decode_attention_ring() {
+  const char* e = std::getenv("FUSEKIT_DECODE_ATTN_RING");
+  return e != nullptr && std::strcmp(e, "3") == 0 ? 3 : 0;
+}
+
 // FUSEKIT_DECODE_GEMM: the kernel of decode_linear and decode_qkv (decode_gemm/decode_linear_splitk.cuh's
 // launch_decode_linear). "old": decode_linear_kernel; "splitk": the split-K kernel wherever it fits (1-64 rows),
 // "splitk:S" with S splits of K; "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B": the TMA kernel (1-64 rows, sm_90a

@@ -161,6 +161,29 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
         torch.testing.assert_close(replayed, op(q, k, v, keep, 0.0883), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("ring", ["", "3"])
+@pytest.mark.parametrize("shape", [(32, 16, 16, 1, 4096, 128), (1, 16, 16, 1, 4096, 128), (3, 12, 12, 1, 1024, 64),
+                                   (2, 32, 32, 1, 1000, 96), (4, 8, 8, 1, 40, 80), (1, 4, 4, 1, 70001, 112)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_one_row_tile_equals_the_four_row_tile(shape, ring, monkeypatch):
+    """MHA decode (one query row per KV head) runs in a one-row tile with a deeper K/V ring; it computes what the
+    4-row tile computes for that row (FUSEKIT_DECODE_ATTN_ROWS=4), bit for bit: masks that hide blocks, the cache's
+    partial last block, one split (40 keys, with a row a finite mask hides entirely), many splits."""
+    b, hq, hkv, lq, s, d = shape
+    q, k, v = _qkv(b, hq, hkv, lq, s, d, torch.bfloat16)
+    keep = _mask("padded", b, lq, s, min(1000, s - 1)).clone()
+    keep[0, :, 0, :] = False if s == 40 else keep[0, :, 0, :]
+    masks = [keep, None, torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(~keep, -65536.0)]
+    for mask in masks:
+        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_RING", ring)
+        one = op(q, k, v, mask, 0.0883)
+        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_ROWS", "4")
+        four = op(q, k, v, mask, 0.0883)
+        monkeypatch.delenv("FUSEKIT_DECODE_ATTN_ROWS")
+        torch.testing.assert_close(one, four, atol=0, rtol=0)
+    _check(q, k, v, masks[-1])
+
+
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])
 def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
     """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (csrc/pdl.cuh: they may start

@@ -59,6 +59,7 @@
 #include "checks.h"            // describe
 #include "convert.cuh"         // to_float, from_float
 #include "cp_async.cuh"
+#include "debug_overrides.h"
 #include "dtype_dispatch.cuh"
 #include "launch.cuh"          // sm_count, opt_in_smem, binary_version, launch_ex
 #include "mma.cuh"
@@ -72,7 +73,7 @@ constexpr int kBlockN = 64;     // keys per mask-skip block
 // Keys per split at most (the scores live in shared memory): 8 blocks for 4 rows of D <= 128, else 4. Batch 32
 // and 64 of a 4-row group then take 8 splits instead of 16 (fewer CTAs that only read their mask; on an H100
 // the op alone is 1-2% faster at b32/b64, the b64 decode step 2.4%, the b32 step within 0.2%).
-constexpr int max_chunk(int d, int rt) { return rt == 4 && d <= 128 ? 512 : 256; }
+constexpr int max_chunk(int d, int rt) { return rt == 1 || (rt == 4 && d <= 128) ? 512 : 256; }
 // The tile a head dim runs in: 64, 128 or 256 columns of shared memory (chunks of 8 a power of two, for the swizzle)
 constexpr int padded(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 constexpr float kLog2e = 1.4426950408889634f;
@@ -92,6 +93,7 @@ struct Params {
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, os0, os1, os2;
   int64_t rows_total;  // B * Hq * Lq
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
+  int stages;        // of the K/V ring in shared memory: the kernel's NS, or fewer where a split has fewer items
   int finite_mask;   // 1: an additive mask, whose finite values can hide a whole row
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
   float cap_log2;    // softcap * log2(e), 0: no soft-capping (a score x becomes cap * tanh(x / cap))
@@ -150,11 +152,14 @@ __device__ __forceinline__ float sum_key_lanes(float x) {  // over the LPK lanes
   return x;
 }
 
-constexpr int kStages = 2;  // of the K/V ring (four, with 3 CTAs per SM, are slower at batch 32)
+// The K/V ring: two stages for a query group (four, with 3 CTAs per SM, were slower at batch 32). One query row
+// (MHA) does almost no work per block: its CTA keeps more blocks in flight instead (kStagesOneRow).
+constexpr int kStages = 2;
+constexpr int kStagesOneRow = 4;
 
 // CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
 template <int D, int RT>
-constexpr int min_ctas() { return padded(D) == 256 ? 2 : RT == 4 ? 5 : RT == 8 ? 4 : 3; }
+constexpr int min_ctas() { return padded(D) == 256 ? 2 : RT <= 4 ? 5 : RT == 8 ? 4 : 3; }
 
 // One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= max_chunk keys). The
 // mask first (each distinct mask row once), then K and V of the visible blocks through a ring of kStages
@@ -163,10 +168,9 @@ constexpr int min_ctas() { return padded(D) == 256 ? 2 : RT == 4 ? 5 : RT == 8 ?
 // split's softmax in shared memory (scale and mask applied there, off the ring's path), O = P V with P rounded
 // to q's dtype (as PyTorch's fused SDPA kernels do), float32 sums. Warp w computes keys [16w, 16w + 16) of each
 // block's scores and dims [w P/4, (w + 1) P/4) of the output (P = padded(D); dims past D: no work).
-template <typename T, int D, int RT>
+template <typename T, int D, int RT, int NS>
 __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attention_kernel(const Params p) {
   static_assert(D % 16 == 0 && D <= 256, "head dims are whole k-steps of m16n8k16");
-  constexpr int NS = kStages;
   constexpr int P = padded(D);                        // a shared-memory row's columns (the tile's)
   constexpr int CPR = P / 8;                          // 16-byte chunks per key row
   constexpr int RSTEP = kWarps * 32 / CPR;            // rows between one thread's copies
@@ -176,8 +180,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   constexpr int DW = P / kWarps;                      // output dims per warp
   constexpr int NT = DW / 8;                          // n-tiles of 8 dims per warp
   extern __shared__ __align__(16) float smem[];
-  T* stage = reinterpret_cast<T*>(smem);                             // [NS][kBlockN][P], swizzled
-  float* sc = smem + NS * kBlockN * P * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
+  T* stage = reinterpret_cast<T*>(smem);                                   // [stages][kBlockN][P], swizzled
+  float* sc = smem + p.stages * kBlockN * P * sizeof(T) / sizeof(float);  // [RT][chunk] scores, then exp2
   float* smask = sc + RT * p.chunk;                                  // [RT][chunk] distinct mask rows
   __shared__ float s_m[RT], s_l[RT];
   __shared__ int64_t s_moff[RT];
@@ -582,17 +586,21 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-template <typename T, int D, int RT>
+template <typename T, int D, int RT, int NS = kStages>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   constexpr int P = padded(D);
-  const auto smem_for = [](int chunk) { return kStages * kBlockN * P * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float); };
-  opt_in_smem<decode_attention_kernel<T, D, RT>>(smem_for(max_chunk(P, RT)));
+  const auto smem_for = [](int chunk, int stages) {
+    return stages * kBlockN * P * sizeof(T) + 2 * static_cast<size_t>(RT) * chunk * sizeof(float);
+  };
+  opt_in_smem<decode_attention_kernel<T, D, RT, NS>>(smem_for(max_chunk(P, RT), NS));
+  // A split of one block has two items (its K and V): a deeper ring would only cost CTAs per SM
+  p.stages = std::min(NS, 2 * p.chunk / kBlockN);
   // Each kernel with PDL (pdl.cuh): its launch overlaps the end of the kernel before it
-  static const int version = binary_version(decode_attention_kernel<T, D, RT>);
+  static const int version = binary_version(decode_attention_kernel<T, D, RT, NS>);
   const bool pdl = pdl_allowed(version, 'a');
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  launch_ex(decode_attention_kernel<T, D, RT>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32), smem_for(p.chunk), stream,
-            pdl, 0, p);
+  launch_ex(decode_attention_kernel<T, D, RT, NS>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32),
+            smem_for(p.chunk, p.stages), stream, pdl, 0, p);
   if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(P), 0, stream, pdl, 0, p);
   if (p.hidden) {  // one split: no combine to recompute the hidden rows in
     launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
@@ -601,7 +609,13 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
 
 template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
-  if (rt == 4) return launch<T, D, 4>(p, blocks_x, q);
+  if constexpr (padded(D) <= 128) {  // (one row of head dim 160-256 runs in the 4-row tile)
+    if (rt == 1) {
+      if (debug::decode_attention_ring() == 3) return launch<T, D, 1, 3>(p, blocks_x, q);
+      return launch<T, D, 1, kStagesOneRow>(p, blocks_x, q);
+    }
+  }
+  if (rt <= 4) return launch<T, D, 4>(p, blocks_x, q);
   if (rt == 8) return launch<T, D, 8>(p, blocks_x, q);
   launch<T, D, 16>(p, blocks_x, q);
 }
@@ -623,7 +637,8 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   // Rows per CTA: 4, 8 or 16 (the tensor-core tiles hold 16 rows whatever RT is; RT sizes the shared memory:
   // scores and mask rows, 2 x RT x 1 KB). A group of more than 16 rows takes several CTAs, each reading the
   // visible KV blocks (the later ones mostly from L2).
-  const int rt = rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
+  // One row (MHA decode) has a tile of its own (rt 1: a deeper K/V ring in the shared memory the scores left).
+  const int rt = rows == 1 && d <= 128 && debug::decode_attention_rows() != 4 ? 1 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
   const int zchunks = (rows + rt - 1) / rt;
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
