@@ -4,6 +4,7 @@
 // read at each launch, so a CUDA graph keeps what its capture saw.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,6 +39,13 @@ inline int decode_attention_rows() {
 inline int decode_attention_ring() {
   const char* e = std::getenv("FUSEKIT_DECODE_ATTN_RING");
   return e != nullptr && std::strcmp(e, "3") == 0 ? 3 : 0;
+}
+
+// FUSEKIT_DECODE_ATTN_SPLITS: N > 0 splits of the cache per decode_attention CTA row (at most one per 64-key
+// block, at least what the split's key limit needs); 0 (unset or not a number): its own choice.
+inline int decode_attention_splits() {
+  const char* e = std::getenv("FUSEKIT_DECODE_ATTN_SPLITS");
+  return e == nullptr ? 0 : std::max(0, std::atoi(e));
 }
 
 // FUSEKIT_DECODE_GEMM: the kernel of decode_linear and decode_qkv (decode_gemm/decode_linear_splitk.cuh's

@@ -23,6 +23,14 @@ inline int sm_count(int dev = -1) {
   return sms[dev];
 }
 
+// The shared memory of one SM that CTAs can use (less the 1 KB the runtime reserves for each CTA), queried once.
+inline int smem_per_sm(int dev = -1) {
+  static int bytes[64] = {0};
+  if (dev < 0) dev = c10::cuda::current_device();
+  if (bytes[dev] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  return bytes[dev];
+}
+
 // Dynamic shared memory above 48 KB must be asked for, per kernel and per device: `bytes` for Kernel on the current
 // device, once (every launch of it may then use up to `bytes`).
 template <auto Kernel>

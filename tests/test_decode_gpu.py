@@ -136,7 +136,8 @@ def test_rows_hidden_by_a_finite_mask_as_the_chain(dt, s, d):
 
 
 @pytest.mark.parametrize("shape", [(32, 16, 4, 1, 4096, 128), (1, 16, 4, 1, 4096, 128), (2, 8, 1, 4, 3000, 64),
-                                   (3, 4, 4, 2, 2000, 256)], ids=lambda s: "x".join(map(str, s)))
+                                   (3, 4, 4, 2, 2000, 256), (1, 16, 16, 1, 4096, 128), (8, 12, 12, 1, 1024, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_repeatable_and_replayable_in_a_cuda_graph(shape):
     """Many splits, their partial softmaxes combined by a second kernel in split order: two calls agree bit
     for bit, and a CUDA graph of the op, replayed on new inputs written in place, gives what a direct call
@@ -165,23 +166,30 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
 @pytest.mark.parametrize("shape", [(32, 16, 16, 1, 4096, 128), (1, 16, 16, 1, 4096, 128), (3, 12, 12, 1, 1024, 64),
                                    (2, 32, 32, 1, 1000, 96), (4, 8, 8, 1, 40, 80), (1, 4, 4, 1, 70001, 112)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_one_row_tile_equals_the_four_row_tile(shape, ring, monkeypatch):
-    """MHA decode (one query row per KV head) runs in a one-row tile with a deeper K/V ring; it computes what the
-    4-row tile computes for that row (FUSEKIT_DECODE_ATTN_ROWS=4), bit for bit: masks that hide blocks, the cache's
-    partial last block, one split (40 keys, with a row a finite mask hides entirely), many splits."""
+def test_one_row_tile(shape, ring, monkeypatch):
+    """MHA decode (one query row per KV head) runs in a one-row tile with a deeper K/V ring and longer splits. With
+    the splits forced equal (FUSEKIT_DECODE_ATTN_SPLITS) it computes what the 4-row tile computes for that row
+    (FUSEKIT_DECODE_ATTN_ROWS=4) bit for bit; with its own splits, and with splits of 1 and 16 blocks, it is within
+    2x eager's error of a float64 reference. Masks that hide blocks, the cache's partial last block, one split (40
+    keys, with a row a finite mask hides entirely), many splits."""
     b, hq, hkv, lq, s, d = shape
     q, k, v = _qkv(b, hq, hkv, lq, s, d, torch.bfloat16)
     keep = _mask("padded", b, lq, s, min(1000, s - 1)).clone()
-    keep[0, :, 0, :] = False if s == 40 else keep[0, :, 0, :]
+    if s == 40:
+        keep[0, :, 0, :] = False
     masks = [keep, None, torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(~keep, -65536.0)]
+    nb = (s + 63) // 64
+    monkeypatch.setenv("FUSEKIT_DECODE_ATTN_RING", ring)
     for mask in masks:
-        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_RING", ring)
+        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", str((nb + 7) // 8))  # 8 blocks: both tiles take it
         one = op(q, k, v, mask, 0.0883)
         monkeypatch.setenv("FUSEKIT_DECODE_ATTN_ROWS", "4")
         four = op(q, k, v, mask, 0.0883)
         monkeypatch.delenv("FUSEKIT_DECODE_ATTN_ROWS")
         torch.testing.assert_close(one, four, atol=0, rtol=0)
-    _check(q, k, v, masks[-1])
+        for splits in ("0", str(nb), str((nb + 15) // 16)):
+            monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", splits)
+            _check(q, k, v, mask)
 
 
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])

@@ -73,7 +73,7 @@ constexpr int kBlockN = 64;     // keys per mask-skip block
 // Keys per split at most (the scores live in shared memory): 8 blocks for 4 rows of D <= 128, else 4. Batch 32
 // and 64 of a 4-row group then take 8 splits instead of 16 (fewer CTAs that only read their mask; on an H100
 // the op alone is 1-2% faster at b32/b64, the b64 decode step 2.4%, the b32 step within 0.2%).
-constexpr int max_chunk(int d, int rt) { return rt == 1 || (rt == 4 && d <= 128) ? 512 : 256; }
+constexpr int max_chunk(int d, int rt) { return rt == 1 ? 1024 : rt == 4 && d <= 128 ? 512 : 256; }
 // The tile a head dim runs in: 64, 128 or 256 columns of shared memory (chunks of 8 a power of two, for the swizzle)
 constexpr int padded(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 constexpr float kLog2e = 1.4426950408889634f;
@@ -239,10 +239,11 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   }
   __syncthreads();
   int nvis = 0;
-  uint32_t vlist = 0, vbits = 0;  // the visible blocks: their indices in order (4 bits each), and as bits
+  uint64_t vlist = 0;  // the visible blocks: their indices in order (4 bits each, at most 16 blocks a split)
+  uint32_t vbits = 0;  // and as bits
   for (int blk = 0; blk < nblocks; ++blk) {
     if (s_vis[blk]) {
-      vlist |= blk << (4 * nvis++);
+      vlist |= static_cast<uint64_t>(blk) << (4 * nvis++);
       vbits |= 1u << blk;
     }
   }
@@ -253,6 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     return;
   }
   const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (4 * n)) & 0xfu); };
+  static_assert(MC / kBlockN <= 16, "vlist holds 16 blocks");
 
   // ---- K, then V, of the visible blocks through the ring; one group committed per step ----
   // Thread tid copies chunk ccol of rows crow + i RSTEP of each block: its offsets are fixed but for the block.
@@ -586,6 +588,14 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
+int one_row_stages() { return debug::decode_attention_ring() == 3 ? 3 : kStagesOneRow; }
+
+// One-row CTAs that fit the GPU at once (their shared memory decides: the ring's stages and the scores).
+int64_t one_row_wave(int cols, int64_t elem) {
+  const int64_t smem = one_row_stages() * kBlockN * cols * elem + 2 * max_chunk(cols, 1) * 4 + 1024;
+  return std::clamp<int64_t>(smem_per_sm() / smem, 1, 8) * sm_count();
+}
+
 template <typename T, int D, int RT, int NS = kStages>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   constexpr int P = padded(D);
@@ -611,7 +621,7 @@ template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
   if constexpr (padded(D) <= 128) {  // (one row of head dim 160-256 runs in the 4-row tile)
     if (rt == 1) {
-      if (debug::decode_attention_ring() == 3) return launch<T, D, 1, 3>(p, blocks_x, q);
+      if (one_row_stages() == 3) return launch<T, D, 1, 3>(p, blocks_x, q);
       return launch<T, D, 1, kStagesOneRow>(p, blocks_x, q);
     }
   }
@@ -644,11 +654,15 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
 
   // Splits: enough CTAs for ~8 per SM, at most max_chunk keys each (so that the CTAs a short visible prefix
-  // keeps busy still fill the GPU; the others only read their mask), whole 64-key blocks.
+  // keeps busy still fill the GPU; the others only read their mask), whole 64-key blocks. One-row CTAs: about one
+  // wave of them, each streaming up to 16 blocks through its deeper ring (as many 1-block splits as the group
+  // tiles take measured slower than PyTorch's fused SDPA near a full cache at batch 1).
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
-  const int64_t target = 8 * static_cast<int64_t>(sm_count());
+  const int64_t target = rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
+                                 : 8 * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
   const int max_blocks = max_chunk(padded(static_cast<int>(d)), rt) / kBlockN;
+  if (const int forced = debug::decode_attention_splits()) splits = std::min(forced, nb);
   splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
   const int chunk_blocks = (nb + splits - 1) / splits;
   splits = (nb + chunk_blocks - 1) / chunk_blocks;
