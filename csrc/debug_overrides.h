@@ -35,12 +35,6 @@ inline int decode_attention_rows() {
   return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 0;
 }
 
-// FUSEKIT_DECODE_ATTN_RING: "3": the one-row tile's K/V ring of three stages instead of its default.
-inline int decode_attention_ring() {
-  const char* e = std::getenv("FUSEKIT_DECODE_ATTN_RING");
-  return e != nullptr && std::strcmp(e, "3") == 0 ? 3 : 0;
-}
-
 // FUSEKIT_DECODE_ATTN_SPLITS: N > 0 splits of the cache per decode_attention CTA row (at most one per 64-key
 // block, at least what the split's key limit needs); 0 (unset or not a number): its own choice.
 inline int decode_attention_splits() {

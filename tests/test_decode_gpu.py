@@ -162,11 +162,10 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
         torch.testing.assert_close(replayed, op(q, k, v, keep, 0.0883), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("ring", ["", "3"])
 @pytest.mark.parametrize("shape", [(32, 16, 16, 1, 4096, 128), (1, 16, 16, 1, 4096, 128), (3, 12, 12, 1, 1024, 64),
                                    (2, 32, 32, 1, 1000, 96), (4, 8, 8, 1, 40, 80), (1, 4, 4, 1, 70001, 112)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_one_row_tile(shape, ring, monkeypatch):
+def test_one_row_tile(shape, monkeypatch):
     """MHA decode (one query row per KV head) runs in a one-row tile with a deeper K/V ring and longer splits. With
     the splits forced equal (FUSEKIT_DECODE_ATTN_SPLITS) it computes what the 4-row tile computes for that row
     (FUSEKIT_DECODE_ATTN_ROWS=4) bit for bit; with its own splits, and with splits of 1 and 16 blocks, it is within
@@ -179,7 +178,6 @@ def test_one_row_tile(shape, ring, monkeypatch):
         keep[0, :, 0, :] = False
     masks = [keep, None, torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(~keep, -65536.0)]
     nb = (s + 63) // 64
-    monkeypatch.setenv("FUSEKIT_DECODE_ATTN_RING", ring)
     for mask in masks:
         monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", str((nb + 7) // 8))  # 8 blocks: both tiles take it
         one = op(q, k, v, mask, 0.0883)
