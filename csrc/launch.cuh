@@ -23,7 +23,7 @@ inline int sm_count(int dev = -1) {
   return sms[dev];
 }
 
-// The shared memory of one SM that CTAs can use (less the 1 KB the runtime reserves for each CTA), queried once.
+// The shared memory of one SM, queried once (each CTA on it also takes the 1 KB the runtime reserves per CTA).
 inline int smem_per_sm(int dev = -1) {
   static int bytes[64] = {0};
   if (dev < 0) dev = c10::cuda::current_device();
