@@ -4,7 +4,8 @@ its guards let it) and the op called directly, at 1-64 rows (batch x new tokens)
 measured copy bandwidth. With --int8-weights, the one-weight linears as torchao's int8 weight-only linears
 (`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
 cuBLAS on the 16-bit weight beside them (column bf16); with --fp8, as torchao's float8 dynamic per-row linears
-(`decode_gemm.linear_fp8*`, written as torchao writes them: x quantized per row, aten._scaled_mm). Every weight is read cold, as in a step whose weights do not
+(`decode_gemm.linear_fp8*`, written as torchao writes them: x quantized per row, aten._scaled_mm), the op also with
+FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one). Every weight is read cold, as in a step whose weights do not
 fit in L2: each timed function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R
 calls, the per-call time is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take
 turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
@@ -15,8 +16,10 @@ turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import pathlib
 import statistics
 
@@ -74,6 +77,17 @@ def reference_and_op(kind: str):
             (lambda x, w, w2=None: torch.ops.fusekit.decode_linear(x, w, w2, act)))
 
 
+@contextlib.contextmanager
+def env(name: str, value: str):
+    """`name` set to `value` inside (kernels read their test overrides at each launch, so also during a capture)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name) if old is None else os.environ.__setitem__(name, old)
+
+
 def graph_time(fn, sets: int, reps: int) -> float:
     """ms per call: median over `reps` replays of a graph of `sets` calls, one per weight set."""
     g = capture(lambda: [fn(i) for i in range(sets)])
@@ -128,6 +142,11 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                        "fusekit": lambda i: fk(x, *ws[i]), "op": lambda i: op(x, *ws[i])}
                 if w16 is not None:
                     fns["bf16"] = lambda i: torch.nn.functional.linear(x, w16[i])
+                if kind == "fp8":
+                    def op_mma(i):
+                        with env("FUSEKIT_DECODE_FP8", "mma"):
+                            return op(x, *ws[i])
+                    fns["mma"] = op_mma
                 if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
                     fns["epilogue"] = lambda i: torch.ops.fusekit.matmul_epilogue(x, ws[i][0], ws[i][1], None, None,
                                                                                   "gelu", True)
@@ -150,7 +169,8 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                       f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
-                      + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "") +
+                      + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "")
+                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "") +
                       f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
             del ws, w16
     return out
@@ -166,15 +186,16 @@ def markdown(rows: list[dict], device: str) -> str:
              f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; kind fp8: float8 dynamic per-row "
              f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); "
              f"bf16: cuBLAS on a 16-bit weight of the same shape.", "",
-             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | matmul_epilogue | "
+             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | matmul_epilogue | "
              "bf16 | floor | op vs Inductor | op % of floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         epilogue = f"{r['epilogue_ms'] * 1e3:.1f}" if "epilogue_ms" in r else "-"
         bf16 = f"{r['bf16_ms'] * 1e3:.1f}" if "bf16_ms" in r else "-"
+        mma = f"{r['mma_ms'] * 1e3:.1f}" if "mma_ms" in r else "-"
         lines.append(f"| {r['model']} | {r['linear']} | {r['kind']} | {r['K']}x{r['N']} | {r['rows']} | "
                      f"{r['eager_ms'] * 1e3:.1f} | {r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
-                     f"{r['op_ms'] * 1e3:.1f} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
+                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"
 

@@ -28,6 +28,24 @@ inline int decode_fp8_blocks() {
   return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? e[0] - '0' : 0;
 }
 
+// FUSEKIT_DECODE_FP8: the kernel of the fp8 decode GEMMs (decode_linear_fp8, decode_qkv_fp8, decode_gate_up_fp8:
+// decode_gemm/decode_linear_fp8.cuh's launch_fp8). "mma": the mma.sync kernels; "tma" / "tma:S": the TMA + wgmma
+// kernel at 1-64 rows of an sm_90a build (S splits of K; 0: its own choice). Unset (or anything else): the default
+// selection.
+struct DecodeFp8Override {
+  int kernel = -1;  // -1: none, 1: mma.sync, 2: TMA
+  int splits = 0;
+};
+
+inline DecodeFp8Override decode_fp8_override() {
+  DecodeFp8Override o;
+  const char* e = std::getenv("FUSEKIT_DECODE_FP8");
+  if (e == nullptr) return o;
+  if (std::strcmp(e, "mma") == 0) o.kernel = 1;
+  if (std::strncmp(e, "tma", 3) == 0) o.kernel = 2, o.splits = e[3] == ':' ? std::max(0, std::atoi(e + 4)) : 0;
+  return o;
+}
+
 // FUSEKIT_DECODE_ATTN_ROWS: "4" runs decode_attention's one-row CTAs (MHA decode, head dims <= 128) in the
 // 4-row tile with its two-stage ring (decode/decode_attention.cu); 0 (unset or anything else): the one-row tile.
 inline int decode_attention_rows() {

@@ -741,19 +741,24 @@ def test_decode_fp8_qkv_and_gate_up_equal_their_linears(dtype, monkeypatch):
     lin, qkv, gu = (torch.ops.fusekit.decode_linear_fp8, torch.ops.fusekit.decode_qkv_fp8,
                     torch.ops.fusekit.decode_gate_up_fp8)
     pq, pg = table.by_id("decode_gemm.qkv_fp8_2d"), table.by_id("decode_gemm.gate_up_silu_fp8_2d")
-    for m in (1, 8, 9, 17, 33, 70):
-        for k, nq, nkv in ((80, 200, 8), (2048, 2048, 512)):
-            x, *ws = pq.make_args((m, k, nq, nkv), dtype, "cuda")
-            for o, (w, s) in zip(qkv(x, *ws), zip(ws[::2], ws[1::2])):
-                assert torch.equal(o, lin(x, w, s)), (m, k, nq, nkv)
-                for blocks in ("1", "2"):
-                    monkeypatch.setenv("FUSEKIT_DECODE_FP8_BLOCKS", blocks)
-                    assert torch.equal(o, lin(x, w, s)), (m, k, nq, nkv, blocks)
-                    monkeypatch.delenv("FUSEKIT_DECODE_FP8_BLOCKS")
-            x, wg, sg, wu, su = pg.make_args((m, k, nq), dtype, "cuda")
-            g, u = lin(x, wg, sg), lin(x, wu, su)
-            for act, f in (("silu_mul", F.silu), ("gelu_tanh_mul", lambda t: F.gelu(t, approximate="tanh"))):
-                torch.testing.assert_close(gu(x, wg, sg, wu, su, act), f(g) * u, rtol=2 ** -7, atol=1e-5)
+    # the mma.sync kernels, and the TMA kernel (sm_90a) at forced splits (its own choice depends on the column tiles
+    # of all parts, so q alone may split K otherwise than q, k and v together)
+    for kernel in ("mma", "tma:1", "tma:3"):
+        monkeypatch.setenv("FUSEKIT_DECODE_FP8", kernel)
+        for m in (1, 8, 9, 17, 33, 70):
+            for k, nq, nkv in ((80, 200, 8), (2048, 2048, 512)):
+                x, *ws = pq.make_args((m, k, nq, nkv), dtype, "cuda")
+                for o, (w, s) in zip(qkv(x, *ws), zip(ws[::2], ws[1::2])):
+                    assert torch.equal(o, lin(x, w, s)), (kernel, m, k, nq, nkv)
+                    for blocks in ("1", "2") if kernel == "mma" else ():
+                        monkeypatch.setenv("FUSEKIT_DECODE_FP8_BLOCKS", blocks)
+                        assert torch.equal(o, lin(x, w, s)), (m, k, nq, nkv, blocks)
+                        monkeypatch.delenv("FUSEKIT_DECODE_FP8_BLOCKS")
+                x, wg, sg, wu, su = pg.make_args((m, k, nq), dtype, "cuda")
+                g, u = lin(x, wg, sg), lin(x, wu, su)
+                for act, f in (("silu_mul", F.silu), ("gelu_tanh_mul", lambda t: F.gelu(t, approximate="tanh"))):
+                    torch.testing.assert_close(gu(x, wg, sg, wu, su, act), f(g) * u, rtol=2 ** -7, atol=1e-5)
+    monkeypatch.delenv("FUSEKIT_DECODE_FP8")
     x, wq, sq, *_ = pq.make_args((3, 64, 16, 8), dtype, "cuda")
     q, k, v = qkv(x, wq, sq, wq[:0], sq[:0], wq, sq)
     assert k.shape == (3, 0) and torch.equal(q, v) and torch.equal(q, lin(x, wq, sq))
@@ -770,6 +775,62 @@ def test_decode_fp8_qkv_and_gate_up_equal_their_linears(dtype, monkeypatch):
     x, *ws = pq.make_args((5, 1024, 136, 24), dtype, "cuda")
     with pytest.raises(RuntimeError, match="fusekit: decode_qkv_fp8.*wv must be contiguous"):
         qkv(x, *ws[:4], ws[4].t().contiguous().t(), ws[5])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_fp8_tma_kernel_against_float64(dtype, monkeypatch):
+    """The fp8 decode GEMMs' TMA + wgmma kernel (sm_90a builds, 1-64 rows): at its own and at forced splits of K (1, 2,
+    5, 8), with 8/16/32/64-row x boxes, K and N tails (K = 80: one box past K's end; N = 200), the long K of a down
+    projection, each output (one weight, q/k/v, gate * up) at most 2x as far from the float64 product of the same
+    quantized x as the mma.sync kernel's (whose sums are float32 throughout) plus a float32 rounding."""
+    from fusion_backend.patterns.decode_gemm import _fp8_rows
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA kernel is built for sm_90a only")
+    lin, qkv, gu = (torch.ops.fusekit.decode_linear_fp8, torch.ops.fusekit.decode_qkv_fp8,
+                    torch.ops.fusekit.decode_gate_up_fp8)
+    p = table.by_id("decode_gemm.linear_fp8_2d")
+
+    def ref64(x, w, s):  # the float64 product of the quantized x (what both kernels quantize bit for bit)
+        xq, xs = _fp8_rows(x)
+        return (xq.double() @ w.double().t()) * xs.double() * s.double().reshape(1, -1)
+
+    for m in (1, 8, 9, 16, 17, 32, 33, 64):
+        for k, n in ((80, 200), (2048, 2048), (8192, 2048)):
+            x, w, s = p.make_args((m, k, n), dtype, "cuda")
+            want = ref64(x, w, s)
+            monkeypatch.setenv("FUSEKIT_DECODE_FP8", "mma")
+            err_mma = (lin(x, w, s).double() - want).abs().max().item()
+            for kernel in ("tma", "tma:1", "tma:2", "tma:5", "tma:8"):
+                monkeypatch.setenv("FUSEKIT_DECODE_FP8", kernel)
+                out = lin(x, w, s)
+                assert out.dtype == dtype and out.shape == (m, n)
+                err = (out.double() - want).abs().max().item()
+                assert err <= 2 * err_mma + 2 ** -20 * want.abs().max().item(), (kernel, m, k, n, err, err_mma)
+            monkeypatch.delenv("FUSEKIT_DECODE_FP8")
+    x, w, s = p.make_args((1, 2048, 2048), dtype, "cuda")  # the default at 1 row: the TMA kernel, not a fallback
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        lin(x, w, s)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("decode_linear_tma_kernel" in n for n in names), names
+    pq, pg = table.by_id("decode_gemm.qkv_fp8_2d"), table.by_id("decode_gemm.gate_up_silu_fp8_2d")
+    for m in (1, 24, 64):
+        x, *ws = pq.make_args((m, 2048, 2048, 512), dtype, "cuda")
+        for o, (w, s) in zip(qkv(x, *ws), zip(ws[::2], ws[1::2])):
+            want = ref64(x, w, s)
+            monkeypatch.setenv("FUSEKIT_DECODE_FP8", "mma")
+            err_mma = (lin(x, w, s).double() - want).abs().max().item()
+            monkeypatch.delenv("FUSEKIT_DECODE_FP8")
+            assert (o.double() - want).abs().max().item() <= 2 * err_mma + 2 ** -20 * want.abs().max().item(), m
+        x, wg, sg, wu, su = pg.make_args((m, 2048, 5632), dtype, "cuda")
+        out = gu(x, wg, sg, wu, su, "silu_mul")
+        monkeypatch.setenv("FUSEKIT_DECODE_FP8", "mma")
+        old = gu(x, wg, sg, wu, su, "silu_mul")
+        monkeypatch.delenv("FUSEKIT_DECODE_FP8")
+        want = F.silu(ref64(x, wg, sg)) * ref64(x, wu, su)
+        err, err_mma = ((o.double() - want).abs().max().item() for o in (out, old))
+        assert err <= 2 * err_mma + 2 ** -20 * want.abs().max().item(), (m, err, err_mma)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

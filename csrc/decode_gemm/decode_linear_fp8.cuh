@@ -22,8 +22,9 @@
 #include <ATen/ops/empty.h>
 #include <cuda_fp8.h>
 
-#include "debug_overrides.h"             // FUSEKIT_DECODE_FP8_BLOCKS
-#include "decode_gemm/decode_linear.cuh"  // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
+#include "debug_overrides.h"                 // FUSEKIT_DECODE_FP8_BLOCKS, FUSEKIT_DECODE_FP8
+#include "decode_gemm/decode_linear.cuh"      // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
+#include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_fp8
 
 namespace fusekit {
 namespace decode_fp8 {
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
   const int64_t row = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_wait();
+  pdl_trigger();  // the GEMM after may start (its weights' loads): its pdl_wait still waits for this grid's end
   float a = warp_amax(x + row * k, k, threadIdx.x * 8, 256 * 8);
   if (lane == 0) warp_max[warp] = a;
   __syncthreads();
@@ -143,7 +145,6 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
     };
     *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
   }
-  pdl_trigger();
 }
 
 template <typename T, int MT, int NW, int NB, bool HI, bool PREQ>
@@ -300,29 +301,60 @@ void launch(const Fp8Params& p, int tiles, cudaStream_t stream) {
             pdl_allowed(version, 'g'), 0, p);
 }
 
-// The GEMM with NB column blocks per CTA (see launch_fp8)
-template <typename T, int NW, int NB>
-void launch_fp8_tiles(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
-  if (p.m <= 8) return launch<T, 1, NW, NB, false, false>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
-  const at::Tensor xq = at::empty({p.m, p.k}, x.options().dtype(at::kByte));
-  const at::Tensor xs = at::empty({p.m}, x.options().dtype(at::kFloat));
+// quantize_rows into buffers of the caching allocator (graph-safe); p.x and p.x_scale then point at them. The
+// returned tensors keep them alive until the GEMM is enqueued.
+template <typename T>
+std::pair<at::Tensor, at::Tensor> quantize_x(Fp8Params& p, const at::Tensor& x, cudaStream_t stream) {
+  at::Tensor xq = at::empty({p.m, p.k}, x.options().dtype(at::kByte));
+  at::Tensor xs = at::empty({p.m}, x.options().dtype(at::kFloat));
   static const int version = binary_version(quantize_rows_kernel<T>);
   launch_ex(quantize_rows_kernel<T>, dim3(p.m), dim3(256), 0, stream, pdl_allowed(version, 'g'), 0,
             static_cast<const T*>(p.x), xq.data_ptr<uint8_t>(), xs.data_ptr<float>(), p.k);
   p.x = xq.data_ptr();
   p.x_scale = xs.data_ptr<float>();
+  return {xq, xs};
+}
+
+// The GEMM with NB column blocks per CTA (see launch_fp8); quantized: p.x is already x's e4m3 copy
+template <typename T, int NW, int NB>
+void launch_fp8_tiles(Fp8Params p, const at::Tensor& x, cudaStream_t stream, bool quantized = false) {
+  if (p.m <= 8 && !quantized) return launch<T, 1, NW, NB, false, false>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
+  std::pair<at::Tensor, at::Tensor> held;
+  if (!quantized) held = quantize_x<T>(p, x, stream);
   if (p.m <= 16) return launch<T, 1, NW, NB, true, true>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
   if (p.m <= 32) return launch<T, 2, NW, NB, true, true>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
   launch<T, 4, NW, 1, true, true>(p, decode_gemm::set_tile_ends(p, 8), stream);
 }
 
-// Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): above 8 rows after
+// The TMA + wgmma kernel (sm_90a builds, 1-64 rows) after quantize_rows, with the first stages' weight tiles issued
+// before pdl_wait; false where it cannot run (then nothing was launched).
+template <typename T, int NW>
+bool launch_fp8_tma(Fp8Params p, const at::Tensor& x, cudaStream_t stream, int splits) {
+  if (!decode_gemm::tma_built() || p.m > 64 || decode_gemm::tensor_map_encoder() == nullptr) return false;
+  const auto held = quantize_x<T>(p, x, stream);
+  decode_gemm::TmaParams scales{};
+  scales.x_scale = p.x_scale;
+  for (int i = 0; i < kMaxParts; ++i) scales.w_scale[i] = p.w_scale[i];
+  if (decode_gemm::launch_tma_fp8<T, NW>(p, scales, stream, splits, true)) return true;
+  launch_fp8_tiles<T, NW, 1>(p, x, stream, true);  // a map the driver would not encode: x is quantized already
+  return true;
+}
+
+// Where the TMA kernel runs by default: 1-64 rows of an sm_90a build.
+inline bool fp8_tma_selected(int m) { return decode_gemm::tma_built() && m <= 64; }
+
+// Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): the TMA kernel where
+// fp8_tma_selected says (unless FUSEKIT_DECODE_FP8=mma); else above 8 rows after
 // quantize_rows (x's e4m3 copy and scales from the caching allocator: graph-safe). NW = 2 takes 8 columns of both
 // weights per CTA; NW = 1 16 of one part (x read by half as many CTAs), except at up to 8 rows where 16 would leave
 // under two CTAs per SM: 8 there (H200, Llama-style N = 2048: q 5.8 -> 5.2 us at 1 row, 6.1 -> 5.5 at 8; down
 // 14.6 -> 12.3, 15.0 -> 13.0; at 32 rows 8 columns measured slower, q 7.1 -> 7.3, down 14.1 -> 14.8).
 template <typename T, int NW>
 void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
+  const debug::DecodeFp8Override o = debug::decode_fp8_override();  // FUSEKIT_DECODE_FP8 (tests, benchmarks)
+  if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m))) && launch_fp8_tma<T, NW>(p, x, stream, o.splits)) {
+    return;
+  }
   if constexpr (NW == 1) {
     const int forced = debug::decode_fp8_blocks();  // FUSEKIT_DECODE_FP8_BLOCKS (tests, benchmarks)
     if (p.m <= 8 && (forced == 1 || (forced == 0 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))

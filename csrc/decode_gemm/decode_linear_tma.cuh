@@ -17,11 +17,16 @@
 // address, shape and dtype: a map is a function of those alone); the driver's encoder comes through the
 // runtime's entry-point query (no libcuda link). Built only where the extension is compiled for sm_90a
 // (FUSEKIT_SM90A); elsewhere tma_built() is false and the other kernels run.
+//
+// F8: the float8 per-row form (decode_linear_fp8.cuh): x's e4m3 copy and the e4m3 weights in the same 128-byte
+// rows (128 k per box, not 64), wgmma m64nXk32 e4m3 (native on sm_90a, K-major as here), and each partial sum
+// times x's row scale and the weight's column scale before the cluster's sum.
 #pragma once
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -39,7 +44,7 @@ namespace fusekit {
 namespace decode_gemm {
 
 constexpr int kTmaCols = kTileCols;    // weight rows (output columns) per CTA: the wgmma's M
-constexpr int kTmaBK = 64;             // k per stage: one 128-byte swizzled row of bf16/fp16
+constexpr int kTmaBK = 64;             // k per box: one 128-byte swizzled row of bf16/fp16 (F8: 128 k)
 constexpr int kTmaThreads = 160;       // one consumer warpgroup, one producer warp
 constexpr int kTmaMaxStages = 8;
 constexpr int kTmaMaxSplits = kMaxClusterSplits;
@@ -53,7 +58,13 @@ struct TmaParams {
   int kb_per_split;  // 64-wide k blocks per split
   int stages;
   int early;         // 1: the first stages' weight tiles are issued before pdl_wait
+  const float* x_scale;               // F8: x's row scales
+  const float* w_scale[kMaxParts];    // F8: the weights' column scales (NW = 2: gate's, up's)
 };
+
+// k per 128-byte box row: 64 of a 16-bit type, 128 of e4m3
+template <bool F8>
+__host__ __device__ constexpr int tma_box_k() { return F8 ? 2 * kTmaBK : kTmaBK; }
 
 // A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
 __host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
@@ -152,14 +163,43 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[32], uint64_t a, uint64_t b
                  : "l"(a), "l"(b), "r"(1));
   }
 }
+
+// e4m3 x e4m3 -> float32 sums, m64nXk32: no transpose operands (8-bit wgmma takes K-major operands only);
+// accumulate 0: d = a b (the first step of a box)
+__device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[4], uint64_t a, uint64_t b, int accumulate) {  // m64n8k32
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {  // m64n16k32
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {  // m64n32k32
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {  // m64n64k32
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
 #endif  // sm_90a helpers
 
 // Grid (column tiles of all parts, S); cluster (1, S, 1): blockIdx.y is the split and the rank in the cluster.
-// MX: x rows held (>= m; the rows past m are TMA's zero fill); NW as decode_linear_kernel's.
-template <typename T, int MX, int NW, int KB>
+// MX: x rows held (>= m; the rows past m are TMA's zero fill); NW as decode_linear_kernel's; F8: x and the weights
+// e4m3 (T: the output's type).
+template <typename T, int MX, int NW, int KB, bool F8 = false>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * kTmaBK;
+  constexpr int BK = tma_box_k<F8>();  // k per box
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * BK;
   constexpr int R = MX / 2;  // accumulators per thread and weight
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -184,6 +224,10 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   for (int w = 0; w < NW; ++w)
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[w][i] = 0.f;
+  // F8: each stage's products summed by the tensor cores alone, then added to acc by the CUDA cores (fp8 wgmma's
+  // own accumulation keeps fewer bits than float32: the sums over a long K are promoted every 128 k, as cuBLAS and
+  // DeepSeek-V3's kernels do)
+  float part[F8 ? NW : 1][F8 ? R : 1];
 
   if (warp == 4) {  // producer: one lane issues every copy
     if (lane == 0) {
@@ -196,12 +240,12 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
 #pragma unroll
         for (int w = 0; w < NW; ++w)
 #pragma unroll
-          for (int b = 0; b < KB; ++b) tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * kTmaBK, n0, full + i % ns);
+          for (int b = 0; b < KB; ++b) tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * BK, n0, full + i % ns);
       };
       const auto xs = [&](int i) {
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * kTmaBK, 0, full + i % ns);
+          tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
         }
       };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
@@ -227,7 +271,13 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       mbar_wait(full + s, (i / ns) & 1);
       const unsigned char* st = smem + s * SB;
 #pragma unroll
-      for (int w = 0; w < NW; ++w) fence_regs(acc[w]);
+      for (int w = 0; w < NW; ++w) {
+        if constexpr (F8) {
+          fence_regs(part[w]);
+        } else {
+          fence_regs(acc[w]);
+        }
+      }
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int b = 0; b < KB; ++b) {
@@ -235,15 +285,27 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
 #pragma unroll
         for (int kk = 0; kk < kTmaBK / 16; ++kk) {
 #pragma unroll
-          for (int w = 0; w < NW; ++w) {
-            wgmma_k16<std::is_same_v<T, __nv_bfloat16>>(acc[w], smem_desc(st + (w * KB + b) * WB) + 2 * kk, xd + 2 * kk);
+          for (int w = 0; w < NW; ++w) {  // a k16 (16-bit) or k32 (e4m3) step: 32 bytes of each row
+            if constexpr (F8) {
+              wgmma_e4m3_k32(part[w], smem_desc(st + (w * KB + b) * WB) + 2 * kk, xd + 2 * kk, b + kk > 0);
+            } else {
+              wgmma_k16<std::is_same_v<T, __nv_bfloat16>>(acc[w], smem_desc(st + (w * KB + b) * WB) + 2 * kk, xd + 2 * kk);
+            }
           }
         }
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
-      for (int w = 0; w < NW; ++w) fence_regs(acc[w]);
+      for (int w = 0; w < NW; ++w) {
+        if constexpr (F8) {
+          fence_regs(part[w]);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[w][r] += part[w][r];
+        } else {
+          fence_regs(acc[w]);
+        }
+      }
       if (lane == 0) mbar_arrive(empty + s);  // one arrival per warp
     }
     pdl_trigger();
@@ -251,20 +313,33 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   __syncthreads();  // every stage consumed: the ring's memory holds the partial tile now
 
   // red[w][x row][column]; accumulator d[4c + e] of warp wq, lane l: weight row 16 wq + l/4 (+8 for e >= 2),
-  // x row 8c + 2 (l%4) (+1 for odd e)
+  // x row 8c + 2 (l%4) (+1 for odd e). F8: each sum times its x row's and weight column's scales (0 past m and n).
   float* red = reinterpret_cast<float*>(smem);
   if (warp < 4) {
     const int col = 16 * warp + lane / 4, xr = 2 * (lane % 4);
 #pragma unroll
-    for (int w = 0; w < NW; ++w)
+    for (int w = 0; w < NW; ++w) {
+      float ws0 = 1.f, ws8 = 1.f;
+      if constexpr (F8) {
+        const float* wsc = NW == 2 ? tp.w_scale[w] : part_of(tp.w_scale, j);
+        const int n = part_of(p.n, j);
+        ws0 = n0 + col < n ? wsc[n0 + col] : 0.f;
+        ws8 = n0 + col + 8 < n ? wsc[n0 + col + 8] : 0.f;
+      }
 #pragma unroll
       for (int c = 0; c < MX / 8; ++c) {
+        float xs0 = 1.f, xs1 = 1.f;
+        if constexpr (F8) {
+          xs0 = 8 * c + xr < p.m ? tp.x_scale[8 * c + xr] : 0.f;
+          xs1 = 8 * c + xr + 1 < p.m ? tp.x_scale[8 * c + xr + 1] : 0.f;
+        }
         float* r0 = red + (w * MX + 8 * c + xr) * kRedStride + col;
-        r0[0] = acc[w][4 * c];
-        r0[kRedStride] = acc[w][4 * c + 1];
-        r0[8] = acc[w][4 * c + 2];
-        r0[kRedStride + 8] = acc[w][4 * c + 3];
+        r0[0] = F8 ? acc[w][4 * c] * xs0 * ws0 : acc[w][4 * c];
+        r0[kRedStride] = F8 ? acc[w][4 * c + 1] * xs1 * ws0 : acc[w][4 * c + 1];
+        r0[8] = F8 ? acc[w][4 * c + 2] * xs0 * ws8 : acc[w][4 * c + 2];
+        r0[kRedStride + 8] = F8 ? acc[w][4 * c + 3] * xs1 * ws8 : acc[w][4 * c + 3];
       }
+    }
   }
   cluster_sum_store<T, NW, MX, kTmaThreads>(p, j, n0, red);
 #else
@@ -296,20 +371,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A row-major [rows, k] matrix as boxes of `box_rows` x 64 k, 128-byte swizzled, zeros past its edges.
+// A row-major [rows, k] matrix of T (16-bit, or e4m3 as __nv_fp8_e4m3) as boxes of `box_rows` x one 128-byte row,
+// 128-byte swizzled, zeros past its edges.
 template <typename T>
 bool encode_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int box_rows) {
   const auto enc = tensor_map_encoder();
   if (enc == nullptr) return false;
+  constexpr bool f8 = std::is_same_v<T, __nv_fp8_e4m3>;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * sizeof(T)};
-  const cuuint32_t box[2] = {kTmaBK, static_cast<cuuint32_t>(box_rows)}, estr[2] = {1, 1};
-  const auto dt = std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(tma_box_k<f8>()), static_cast<cuuint32_t>(box_rows)}, estr[2] = {1, 1};
+  const auto dt = f8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                  : std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return enc(map, dt, 2, const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// A weight's map, encoded once: a map depends only on (address, shape, dtype), so the cache cannot go stale.
+// A weight's map, encoded once: a map depends only on (address, shape, dtype), so the cache (one per T) cannot go
+// stale.
 template <typename T>
 bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
   static std::mutex mu;
@@ -363,19 +443,27 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
 // Launches with S splits of K (0: the cheapest S in [1, max_splits]: the waves of clusters the GPU holds at once
 // times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
 // launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
-template <typename T, int MX, int NW, int KB>
-bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits) {
+// F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set.
+template <typename T, int MX, int NW, int KB, bool F8 = false>
+bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits,
+                     const TmaParams* scales = nullptr) {
+  using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;  // the operands' element
   TmaParams tp{};
   tp.p = p;
+  if (scales != nullptr) {
+    tp.x_scale = scales->x_scale;
+    for (int i = 0; i < kMaxParts; ++i) tp.w_scale[i] = scales->w_scale[i];
+  }
   const int tiles = set_tile_ends(tp.p, kTmaCols);
   for (int i = 0; i < (NW == 2 ? 2 : p.parts); ++i) {
-    if (!weight_map<T>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
+    if (!weight_map<E>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
-  if (!encode_map<T>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB>;
-  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB>>(kTmaSmemMax);
+  if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8>;
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8>>(kTmaSmemMax);
   constexpr int SB = tma_stage_bytes(NW, MX, KB);
-  const int kblocks = (p.k + KB * kTmaBK - 1) / (KB * kTmaBK);
+  constexpr int SK = KB * tma_box_k<F8>();
+  const int kblocks = (p.k + SK - 1) / SK;
   int s = std::min({splits, kTmaMaxSplits, kblocks});
   if (splits <= 0) {
     int64_t best_cost = INT64_MAX;
@@ -393,6 +481,17 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   tp.early = early;
   launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB), stream, pdl_allowed(90, 'g'), s, tp);
   return true;
+}
+
+// The F8 kernel at 1-64 rows (one k box per stage: 128 k); false, launching nothing, as launch_tma_rows.
+template <typename T, int NW>
+bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t stream, int splits, bool early,
+                    int max_splits = kTmaMaxSplits) {
+  if (!tma_built() || p.m > 64 || p.m < 1) return false;
+  if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  return launch_tma_rows<T, 64, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
 }
 
 template <typename T, int MX, int NW>
