@@ -296,12 +296,14 @@ MAX_FP8_WIDE_N = 8192  # an fp8 linear wider than this (an LM head) fires at one
 
 
 def wide_fp8_one_row(x: str, w: str) -> G.Guard:
-    """Policy: an fp8 linear with N > MAX_FP8_WIDE_N fires at one row only. H200, op alone, cold weights, against
-    Inductor's Triton quantization + aten._scaled_mm: the 2048 -> 32000 LM head 1.19x at 1 row, 0.77-0.88x at 8-32;
-    N <= 5632 1.19-2.02x at 1-32 rows (the rows' limit, MAX_ROWS["linear_fp8"]: 0.55-1.13x at 64)."""
+    """Policy: an fp8 linear with N > MAX_FP8_WIDE_N fires at one row only, except where the TMA kernel runs (sm_90a
+    builds). H200, op alone, cold weights, against Inductor's Triton quantization + aten._scaled_mm: the mma.sync
+    kernels ran the 2048 -> 32000 LM head 1.19x at 1 row, 0.77-0.88x at 8-32 (N <= 5632 1.19-2.02x at 1-32 rows,
+    0.55-1.13x at 64); the TMA kernel 1.45x at 1 row, 1.06x at 8, 1.13x at 32, 1.06x at 64 (N <= 5632: 1.05-2.60x
+    at 1-64)."""
     def check(s: G.Site) -> str | None:
         rows, n = _rows(s.tensor(x)), s.tensor(w).shape[0]
-        return None if known(n <= MAX_FP8_WIDE_N) or known(rows <= 1) else \
+        return None if known(n <= MAX_FP8_WIDE_N) or known(rows <= 1) or has_tma_kernel(s.kernel_arch()) else \
             f"N={n} (> {MAX_FP8_WIDE_N}) at {rows} rows: a wide fp8 linear measured slower than _scaled_mm past one row"
 
     return G.Guard(f"wide_fp8_one_row({x}, {w})", check, policy=True)

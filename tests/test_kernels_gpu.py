@@ -808,7 +808,7 @@ def test_decode_fp8_tma_kernel_against_float64(dtype, monkeypatch):
                 err = (out.double() - want).abs().max().item()
                 assert err <= 2 * err_mma + 2 ** -20 * want.abs().max().item(), (kernel, m, k, n, err, err_mma)
             monkeypatch.delenv("FUSEKIT_DECODE_FP8")
-    x, w, s = p.make_args((1, 4096, 2048), dtype, "cuda")  # the default at 1 row, K 4096: the TMA kernel
+    x, w, s = p.make_args((1, 4096, 2048), dtype, "cuda")  # the default at 1 row: the TMA kernel, not a fallback
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         lin(x, w, s)
         torch.cuda.synchronize()

@@ -340,12 +340,13 @@ bool launch_fp8_tma(Fp8Params p, const at::Tensor& x, cudaStream_t stream, int s
   return true;
 }
 
-// Where the TMA kernel runs by default (sm_90a builds): 9-64 rows, and 1-8 rows for K >= 4096. H200, Llama-style
-// widths, op alone, cold weights, mma.sync -> TMA us: down (K 5632) 12.3 -> 7.2 at 1 row, 13.0 -> 7.7 at 8, 15.4 ->
-// 9.4 at 32, 25.8 -> 12.5 at 64; gate (K 2048, N 5632) 12.0 -> 10.9 at 32, 20.1 -> 10.9 at 64 but 7.7 -> 7.8 at 1 and
-// 8.2 -> 8.5 at 8, q (2048 x 2048) 5.2 -> 5.5 at 1 and 5.5 -> 5.6 at 8: there the mma.sync kernel quantizes x in
-// its own launch, the TMA one after quantize_rows.
-inline bool fp8_tma_selected(int m, int k) { return decode_gemm::tma_built() && m <= 64 && (m > 8 || k >= 4096); }
+// Where the TMA kernel runs by default: 1-64 rows of an sm_90a build. H200, Llama-style widths, op alone, cold
+// weights, mma.sync -> TMA us: down (K 5632) 12.3 -> 7.2 at 1 row, 15.4 -> 9.4 at 32, 25.8 -> 12.5 at 64; gate
+// (2048 x 5632) 12.0 -> 10.9 at 32, 20.1 -> 10.9 at 64; the 32000-wide LM head 35.7 -> 23.0 at 1 row; but q
+// (2048 x 2048) 5.2 -> 5.5 at 1 row (x quantized in the mma kernel's own launch, after quantize_rows here). In a
+// decode step (b1, CUDA graphs) the TMA kernel at every row count still won: 0.413 ms against 0.453 with the
+// mma.sync kernel kept at 1-8 rows for K < 4096 (its weight tiles go out before pdl_wait; the mma kernel's after).
+inline bool fp8_tma_selected(int m) { return decode_gemm::tma_built() && m <= 64; }
 
 // Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): the TMA kernel where
 // fp8_tma_selected says (unless FUSEKIT_DECODE_FP8=mma); else above 8 rows after
@@ -356,7 +357,7 @@ inline bool fp8_tma_selected(int m, int k) { return decode_gemm::tma_built() && 
 template <typename T, int NW>
 void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
   const debug::DecodeFp8Override o = debug::decode_fp8_override();  // FUSEKIT_DECODE_FP8 (tests, benchmarks)
-  if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m, p.k))) && launch_fp8_tma<T, NW>(p, x, stream, o.splits)) {
+  if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m))) && launch_fp8_tma<T, NW>(p, x, stream, o.splits)) {
     return;
   }
   if constexpr (NW == 1) {
