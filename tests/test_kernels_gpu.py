@@ -388,9 +388,9 @@ def test_attention_mask_broadcasts_and_layouts(p, dtype):
         torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, float("-inf"))
     masks = [base, base[:1, :, :1], base[0, 0], base[0, 0, 0], base.expand(b, h, sq, sk),
              torch.cat([base, base], -1)[..., :sk]]  # last: rows at a 2*sk pitch
-    scale = p.scalar_defaults["scale"]
+    scalars = [p.scalar_defaults[n] for n in p.arg_names[4:]]  # scale (and Gemma-2's softcap)
     for m in masks:
-        args = [q, k, v, m, scale]
+        args = [q, k, v, m, *scalars]
         out = registry.call_op(p, args)
         _check(p, args, out)
 
