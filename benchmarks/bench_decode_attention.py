@@ -7,7 +7,6 @@ against a float64 reference. Needs a CUDA GPU; prints a markdown table.
     python benchmarks/bench_decode_attention.py
 """
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +17,7 @@ def main() -> None:
     from triton.testing import do_bench  # here, so that --help works where triton is absent
 
     from fusion_backend import _ext
+    from fusion_backend.tools.cuda_graphs import environment
     from fusion_backend.tools.decode_bench import copy_bandwidth
 
     print(_ext.load_for_device())
@@ -42,9 +42,8 @@ def main() -> None:
                 ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double(),
                                                      scale=scale)
                 ts = do_bench(sdpa, warmup=25, rep=200, return_mode="median")
-                os.environ["FUSEKIT_DECODE_ATTN_ROWS"] = "4"  # read at each launch
-                four, t4 = fk(), do_bench(fk, warmup=25, rep=200, return_mode="median")
-                del os.environ["FUSEKIT_DECODE_ATTN_ROWS"]
+                with environment({"FUSEKIT_DECODE_ATTN_ROWS": "4"}):  # read at each launch
+                    four, t4 = fk(), do_bench(fk, warmup=25, rep=200, return_mode="median")
                 one, t1 = fk(), do_bench(fk, warmup=25, rep=200, return_mode="median")
                 err = max((o.double() - ref).abs().max().item() for o in (one, four))
                 err_sdpa = (sdpa().double() - ref).abs().max().item()

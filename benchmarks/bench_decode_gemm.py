@@ -16,16 +16,14 @@ turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import pathlib
 import statistics
 
 import torch
 
-from fusion_backend.tools.cuda_graphs import capture
+from fusion_backend.tools.cuda_graphs import capture, environment
 from fusion_backend import stats, table
 from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, _fp8_scaled_mm,  # the table's references
                                                  decode_linear_ref, decode_linear_w8_ref, decode_qkv_ref)
@@ -75,17 +73,6 @@ def reference_and_op(kind: str):
     act = "none" if kind == "plain" else kind
     return ((lambda x, w, w2=None: decode_linear_ref(x, w, w2, act)),
             (lambda x, w, w2=None: torch.ops.fusekit.decode_linear(x, w, w2, act)))
-
-
-@contextlib.contextmanager
-def env(name: str, value: str):
-    """`name` set to `value` inside (kernels read their test overrides at each launch, so also during a capture)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(name) if old is None else os.environ.__setitem__(name, old)
 
 
 def graph_time(fn, sets: int, reps: int) -> float:
@@ -144,7 +131,7 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                     fns["bf16"] = lambda i: torch.nn.functional.linear(x, w16[i])
                 if kind == "fp8":
                     def op_mma(i):
-                        with env("FUSEKIT_DECODE_FP8", "mma"):
+                        with environment({"FUSEKIT_DECODE_FP8": "mma"}):  # read at each launch
                             return op(x, *ws[i])
                     fns["mma"] = op_mma
                 if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
