@@ -293,8 +293,10 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
     for (int s = 0; s < ns; ++s) mbar_init(full + s, 1), mbar_init(empty + s, 4);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __shared__ unsigned qx_amax[QX ? MX : 1];  // QX: the rows' max |x| over this split (float bits), then the scales
-  __shared__ float qx_scale[QX ? MX : 1];
+  // QX: the rows' max |x| over this split (float bits), then their scales, after the barriers (no static shared
+  // memory: the opt-in limit is all of an SM's)
+  unsigned* qx_amax = reinterpret_cast<unsigned*>(empty + ns);
+  float* qx_scale = reinterpret_cast<float*>(qx_amax + MX);
   if (QX && threadIdx.x < MX) qx_amax[threadIdx.x] = 0;
   __syncthreads();
 
@@ -555,7 +557,8 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   constexpr int SB = tma_stage_bytes(NW, QX ? 0 : MX, KB);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
-  const auto x_bytes = [](int per) { return QX ? size_t(per) * MX * 128 : size_t{0}; };  // QX: x's boxes
+  // QX: x's boxes, the rows' maxima and scales
+  const auto x_bytes = [](int per) { return QX ? size_t(per) * MX * 128 + 2 * MX * sizeof(float) : size_t{0}; };
   const auto fits = [&](int per) { return tma_smem(2, SB, x_bytes(per)) <= kTmaSmemBudget; };
   int s = std::min({splits, kTmaMaxSplits, kblocks});
   if (splits <= 0) {
