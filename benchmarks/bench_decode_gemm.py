@@ -5,9 +5,8 @@ measured copy bandwidth. With --int8-weights, the one-weight linears as torchao'
 (`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
 cuBLAS on the 16-bit weight beside them (column bf16); with --fp8, as torchao's float8 dynamic per-row linears
 (`decode_gemm.linear_fp8*`, written as torchao writes them: x quantized per row, aten._scaled_mm), the op also with
-FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one) and =tmar (column "op
-rows": the TMA kernel after a quantize_rows launch, where the default quantizes x in the kernel at 1-16 rows).
-Every weight is read cold, as in a step whose weights do not fit in L2: each timed function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R
+FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one). Every weight is read cold, as in a step whose weights do not
+fit in L2: each timed function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R
 calls, the per-call time is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take
 turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
@@ -131,11 +130,10 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                 if w16 is not None:
                     fns["bf16"] = lambda i: torch.nn.functional.linear(x, w16[i])
                 if kind == "fp8":
-                    for key, choice in (("mma", "mma"), ("rows", "tmar")):
-                        def op_forced(i, choice=choice):
-                            with environment({"FUSEKIT_DECODE_FP8": choice}):  # read at each launch
-                                return op(x, *ws[i])
-                        fns[key] = op_forced
+                    def op_mma(i):
+                        with environment({"FUSEKIT_DECODE_FP8": "mma"}):  # read at each launch
+                            return op(x, *ws[i])
+                    fns["mma"] = op_mma
                 if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
                     fns["epilogue"] = lambda i: torch.ops.fusekit.matmul_epilogue(x, ws[i][0], ws[i][1], None, None,
                                                                                   "gelu", True)
@@ -159,8 +157,7 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
                       + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "")
-                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}, op rows {row['rows_ms'] * 1e3:7.1f}; "
-                         if "mma_ms" in row else "") +
+                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "") +
                       f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
             del ws, w16
     return out
@@ -175,18 +172,17 @@ def markdown(rows: list[dict], device: str) -> str:
              f"fusekit::matmul_epilogue's tiled GEMM for bias + GELU. Kind w8: int8 weight-only (`linear_w8` rules, "
              f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; kind fp8: float8 dynamic per-row "
              f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); "
-             f"bf16: cuBLAS on a 16-bit weight of the same shape; op mma / op rows: the fp8 op on the mma.sync kernels / "
-             f"on the TMA kernel after a quantize_rows launch.", "",
-             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | op rows | "
-             "matmul_epilogue | bf16 | floor | op vs Inductor | op % of floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"bf16: cuBLAS on a 16-bit weight of the same shape.", "",
+             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | matmul_epilogue | "
+             "bf16 | floor | op vs Inductor | op % of floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         epilogue = f"{r['epilogue_ms'] * 1e3:.1f}" if "epilogue_ms" in r else "-"
         bf16 = f"{r['bf16_ms'] * 1e3:.1f}" if "bf16_ms" in r else "-"
-        mma, rws = (f"{r[key] * 1e3:.1f}" if key in r else "-" for key in ("mma_ms", "rows_ms"))
+        mma = f"{r['mma_ms'] * 1e3:.1f}" if "mma_ms" in r else "-"
         lines.append(f"| {r['model']} | {r['linear']} | {r['kind']} | {r['K']}x{r['N']} | {r['rows']} | "
                      f"{r['eager_ms'] * 1e3:.1f} | {r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
-                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {rws} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
+                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"
 

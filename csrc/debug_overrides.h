@@ -29,15 +29,12 @@ inline int decode_fp8_blocks() {
 }
 
 // FUSEKIT_DECODE_FP8: the kernel of the fp8 decode GEMMs (decode_linear_fp8, decode_qkv_fp8, decode_gate_up_fp8:
-// decode_gemm/decode_linear_fp8.cuh's launch_fp8). "mma": the mma.sync kernels; "tma[:S[:N]]": the TMA + wgmma
-// kernel at 1-64 rows of an sm_90a build (S splits of K, N ring stages; 0: its own choice), x quantized where it
-// chooses; "tmaq..." with x quantized in the kernel (1-16 rows, where x's boxes fit), "tmar..." after
-// quantize_rows. Unset (or anything else): the default selection.
+// decode_gemm/decode_linear_fp8.cuh's launch_fp8). "mma": the mma.sync kernels; "tma" / "tma:S": the TMA + wgmma
+// kernel at 1-64 rows of an sm_90a build (S splits of K; 0: its own choice). Unset (or anything else): the default
+// selection.
 struct DecodeFp8Override {
   int kernel = -1;  // -1: none, 1: mma.sync, 2: TMA
-  int quant = -1;   // TMA: -1 its own choice, 0 quantize_rows first, 1 in the kernel
   int splits = 0;
-  int stages = 0;
 };
 
 inline DecodeFp8Override decode_fp8_override() {
@@ -45,16 +42,7 @@ inline DecodeFp8Override decode_fp8_override() {
   const char* e = std::getenv("FUSEKIT_DECODE_FP8");
   if (e == nullptr) return o;
   if (std::strcmp(e, "mma") == 0) o.kernel = 1;
-  if (std::strncmp(e, "tma", 3) == 0) {
-    o.kernel = 2;
-    const char* rest = e + 3;
-    if (*rest == 'q' || *rest == 'r') o.quant = *rest++ == 'q' ? 1 : 0;
-    if (*rest == ':') {
-      o.splits = std::max(0, std::atoi(rest + 1));
-      const char* c = std::strchr(rest + 1, ':');
-      if (c != nullptr) o.stages = std::max(0, std::atoi(c + 1));
-    }
-  }
+  if (std::strncmp(e, "tma", 3) == 0) o.kernel = 2, o.splits = e[3] == ':' ? std::max(0, std::atoi(e + 4)) : 0;
   return o;
 }
 

@@ -25,7 +25,6 @@
 #include "debug_overrides.h"                 // FUSEKIT_DECODE_FP8_BLOCKS, FUSEKIT_DECODE_FP8
 #include "decode_gemm/decode_linear.cuh"      // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
 #include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_fp8
-#include "decode_gemm/fp8_rows.cuh"          // quantize2, quantize8_bytes, amax8, row_scale
 
 namespace fusekit {
 namespace decode_fp8 {
@@ -37,7 +36,8 @@ using decode_gemm::load_stream;
 using decode_gemm::mma_chunk;
 using decode_gemm::part_of;
 
-constexpr int kChunk8 = 64;  // k per chunk: 4 lanes x 16 values
+constexpr int kChunk8 = 64;      // k per chunk: 4 lanes x 16 values
+constexpr float kFp8Max = 448.f;  // torch.finfo(torch.float8_e4m3fn).max
 
 // decode_linear's parameters (x, the parts' w / out / n / tile ends, m, k, act; bias unused) and the scales.
 // NW = 1: `parts` e4m3 weights of x (q, k, v), out[i] = x w[i]^T. NW = 2: w[0] gate, w[1] up of one N, out[0] =
@@ -66,6 +66,29 @@ __device__ __forceinline__ void widen16(const uint4& q, uint4& a, uint4& b) {
   b = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
+// x / s correctly rounded from r = 1/s (rounded): one Newton step on the quotient (the residual exact by fma)
+__device__ __forceinline__ float div_rn(float x, float s, float r) {
+  const float q = __fmul_rn(x, r);
+  return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
+}
+
+template <typename T>
+__device__ __forceinline__ float2 to_float2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  } else {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+  }
+}
+
+// 2 values of x (one word of T) quantized with the row's s (and r = 1/s) -> two e4m3, the first in the low byte
+template <typename T>
+__device__ __forceinline__ __nv_fp8x2_storage_t quantize2(uint32_t v, float s, float r) {
+  const float2 f = to_float2<T>(v);
+  // satfinite: beyond +-448 -> +-448 (the clamp), NaN stays NaN (as clamp then cast)
+  return __nv_cvt_float2_to_fp8x2(make_float2(div_rn(f.x, s, r), div_rn(f.y, s, r)), __NV_SATFINITE, __NV_E4M3);
+}
+
 // 8 values of x (one uint4) quantized -> 8 float16 holding e4m3 values
 template <typename T>
 __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
@@ -78,11 +101,23 @@ __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
 template <typename T>
 __device__ __forceinline__ float warp_amax(const T* x, int k, int first, int stride) {
   float a = 0.f;
-  for (int kk = first; kk < k; kk += stride) a = amax8<T>(load_cached(x + kk), a);
+  for (int kk = first; kk < k; kk += stride) {
+    const uint4 v = load_cached(x + kk);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = to_float2<T>(w[i]);
+      a = fmaxf(a, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
   return a;
 }
+
+// the row's scale from its max |x|: amax / 448 rounded to x's dtype (as eager divides a T tensor), as a float
+template <typename T>
+__device__ __forceinline__ float row_scale(float amax) { return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max))); }
 
 // Above 8 rows every CTA quantizing its rows again costs more than the pass over its weight columns (H100: 32 rows
 // 0.55x Inductor at 2048 -> 5632): one CTA per row first writes the row's e4m3 copy and scale (quantize_rows),
@@ -104,7 +139,11 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
   const float s = row_scale<T>(a), r = __frcp_rn(s);
   if (threadIdx.x == 0) xs[row] = s;
   for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
-    *reinterpret_cast<uint2*>(xq + row * k + kk) = quantize8_bytes<T>(load_cached(x + row * k + kk), s, r);
+    const uint4 v = load_cached(x + row * k + kk);
+    const auto pair = [&](uint32_t lo, uint32_t hi) {  // 4 e4m3 in memory order
+      return static_cast<uint32_t>(quantize2<T>(lo, s, r)) | (static_cast<uint32_t>(quantize2<T>(hi, s, r)) << 16);
+    };
+    *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
   }
 }
 
@@ -287,33 +326,26 @@ void launch_fp8_tiles(Fp8Params p, const at::Tensor& x, cudaStream_t stream, boo
   launch<T, 4, NW, 1, true, true>(p, decode_gemm::set_tile_ends(p, 8), stream);
 }
 
-// Rows up to which the TMA kernel quantizes x itself (QX: no quantize_rows launch) where x's boxes fit.
-constexpr int kQxMaxRows = 16;
-
-// The TMA + wgmma kernel (sm_90a builds, 1-64 rows): at up to kQxMaxRows rows x quantized in the kernel, else (or
-// where x's boxes do not fit) after quantize_rows, with the first stages' weight tiles issued before pdl_wait;
-// false where it cannot run (then nothing was launched).
+// The TMA + wgmma kernel (sm_90a builds, 1-64 rows) after quantize_rows, with the first stages' weight tiles issued
+// before pdl_wait; false where it cannot run (then nothing was launched).
 template <typename T, int NW>
-bool launch_fp8_tma(Fp8Params p, const at::Tensor& x, cudaStream_t stream, const debug::DecodeFp8Override& o) {
+bool launch_fp8_tma(Fp8Params p, const at::Tensor& x, cudaStream_t stream, int splits) {
   if (!decode_gemm::tma_built() || p.m > 64 || decode_gemm::tensor_map_encoder() == nullptr) return false;
-  decode_gemm::TmaParams scales{};
-  for (int i = 0; i < kMaxParts; ++i) scales.w_scale[i] = p.w_scale[i];
-  const bool qx = o.quant == 1 || (o.quant == -1 && p.m <= kQxMaxRows);
-  if (qx && decode_gemm::launch_tma_fp8<T, NW, true>(p, scales, stream, o.splits, true, o.stages)) return true;
   const auto held = quantize_x<T>(p, x, stream);
+  decode_gemm::TmaParams scales{};
   scales.x_scale = p.x_scale;
-  if (decode_gemm::launch_tma_fp8<T, NW>(p, scales, stream, o.splits, true, o.stages)) return true;
+  for (int i = 0; i < kMaxParts; ++i) scales.w_scale[i] = p.w_scale[i];
+  if (decode_gemm::launch_tma_fp8<T, NW>(p, scales, stream, splits, true)) return true;
   launch_fp8_tiles<T, NW, 1>(p, x, stream, true);  // a map the driver would not encode: x is quantized already
   return true;
 }
 
 // Where the TMA kernel runs by default: 1-64 rows of an sm_90a build. H200, Llama-style widths, op alone, cold
-// weights, mma.sync -> TMA (after quantize_rows) us: down (K 5632) 12.3 -> 7.2 at 1 row, 15.4 -> 9.4 at 32, 25.8 ->
-// 12.5 at 64; gate (2048 x 5632) 12.0 -> 10.9 at 32, 20.1 -> 10.9 at 64; the 32000-wide LM head 35.7 -> 23.0 at 1
-// row; but q (2048 x 2048) 5.2 -> 5.5 at 1 row (x quantized in the mma kernel's own launch, after quantize_rows
-// here). In a decode step (b1, CUDA graphs) the TMA kernel at every row count still won: 0.413 ms against 0.453
-// with the mma.sync kernel kept at 1-8 rows for K < 4096 (its weight tiles go out before pdl_wait; the mma
-// kernel's after).
+// weights, mma.sync -> TMA us: down (K 5632) 12.3 -> 7.2 at 1 row, 15.4 -> 9.4 at 32, 25.8 -> 12.5 at 64; gate
+// (2048 x 5632) 12.0 -> 10.9 at 32, 20.1 -> 10.9 at 64; the 32000-wide LM head 35.7 -> 23.0 at 1 row; but q
+// (2048 x 2048) 5.2 -> 5.5 at 1 row (x quantized in the mma kernel's own launch, after quantize_rows here). In a
+// decode step (b1, CUDA graphs) the TMA kernel at every row count still won: 0.413 ms against 0.453 with the
+// mma.sync kernel kept at 1-8 rows for K < 4096 (its weight tiles go out before pdl_wait; the mma kernel's after).
 inline bool fp8_tma_selected(int m) { return decode_gemm::tma_built() && m <= 64; }
 
 // Launches the GEMM for p (x, parts, n, m, k, act and the weights' scales set; m > 0, k > 0): the TMA kernel where
@@ -325,7 +357,7 @@ inline bool fp8_tma_selected(int m) { return decode_gemm::tma_built() && m <= 64
 template <typename T, int NW>
 void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
   const debug::DecodeFp8Override o = debug::decode_fp8_override();  // FUSEKIT_DECODE_FP8 (tests, benchmarks)
-  if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m))) && launch_fp8_tma<T, NW>(p, x, stream, o)) {
+  if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m))) && launch_fp8_tma<T, NW>(p, x, stream, o.splits)) {
     return;
   }
   if constexpr (NW == 1) {

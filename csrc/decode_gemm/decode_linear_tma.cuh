@@ -21,11 +21,6 @@
 // F8: the float8 per-row form (decode_linear_fp8.cuh): x's e4m3 copy and the e4m3 weights in the same 128-byte
 // rows (128 k per box, not 64), wgmma m64nXk32 e4m3 (native on sm_90a, K-major as here), and each partial sum
 // times x's row scale and the weight's column scale before the cluster's sum.
-//
-// QX (F8 at 1-16 rows): no quantize_rows launch before the GEMM. The consumer warpgroup reads the 16-bit x of its
-// split of K itself, finds each row's max |x| over the split, exchanges it with the cluster's other splits through
-// distributed shared memory (so each row's scale is the whole row's), and writes x's e4m3 boxes into shared memory
-// in the layout TMA would have written them; the weights stream into the ring meanwhile.
 #pragma once
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
@@ -42,7 +37,6 @@
 #include <type_traits>
 
 #include "decode_linear.cuh"
-#include "fp8_rows.cuh"  // amax8, quantize8_bytes, row_scale (QX)
 #include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
 #include "pdl.cuh"
 
@@ -72,8 +66,7 @@ struct TmaParams {
 template <bool F8>
 __host__ __device__ constexpr int tma_box_k() { return F8 ? 2 * kTmaBK : kTmaBK; }
 
-// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned;
-// QX: mx = 0, x's boxes are in their own region).
+// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
 __host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -197,91 +190,22 @@ __device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[32], uint64_t a, uint6
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(a), "l"(b), "r"(accumulate));
 }
-
-// QX: x's rows [0, m) over this split's nk k boxes (from k0), quantized by the consumer warpgroup (threads 0-127)
-// into `xq` as TMA would have written x's e4m3 copy: box i's MX rows of 128 bytes at xq + i * MX * 128, 16-byte
-// unit c of row r at unit c ^ (r % 8) (the 128-byte swizzle), zeros past K. Rows past m are not written: their
-// products are never stored. Each row's max |x| over the split, then the maximum over the cluster's splits (read
-// from their shared memory), so every split quantizes with the whole row's scale, as quantize_rows does. x is
-// kept in registers between the two passes where it fits (U items of 16 values per thread), else read again.
-template <typename T, int MX, int U = 4>
-__device__ __forceinline__ void quantize_x_split(const Params& p, int k0, int nk, unsigned char* xq,
-                                                 unsigned* row_amax, float* row_s) {
-  constexpr int kItemsPerBox = tma_box_k<true>() / 16;
-  const int t = threadIdx.x, per_row = nk * kItemsPerBox, items = p.m * per_row;
-  const T* x = static_cast<const T*>(p.x);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 v[U][2];
-  const auto load = [&](int base) {  // every load first (one round trip)
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int e = base + u * 128 + t, k = k0 + (e % per_row) * 16;
-      const bool ok = e < items && k < p.k;
-      const T* xp = ok ? x + static_cast<int64_t>(e / per_row) * p.k + k : x;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        v[u][h] = load_cached(xp + 8 * h);
-        if (!ok) v[u][h] = zero;
-      }
-    }
-  };
-  for (int base = 0; base < items; base += 128 * U) {
-    load(base);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float a = decode_fp8::amax8<T>(v[u][1], decode_fp8::amax8<T>(v[u][0], 0.f));
-#pragma unroll
-      for (int o = 4; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));  // 8 lanes: one row
-      const int e = base + u * 128 + t;
-      if (t % 8 == 0 && e < items) atomicMax(row_amax + e / per_row, __float_as_uint(a));  // a >= 0: as unsigned
-    }
-  }
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the warpgroup's maxima in
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-  if (t < p.m) {
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    unsigned b = 0;
-    for (int q = 0; q < static_cast<int>(gridDim.y); ++q) b = max(b, *cluster.map_shared_rank(row_amax + t, q));
-    row_s[t] = decode_fp8::row_scale<T>(__uint_as_float(b));
-  }
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  for (int base = 0; base < items; base += 128 * U) {
-    if (items > 128 * U) load(base);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int e = base + u * 128 + t, r = e / per_row, c = e % per_row;
-      if (e >= items) break;
-      uint4 q = zero;
-      if (k0 + c * 16 < p.k) {
-        const float s = row_s[r], rc = __frcp_rn(s);
-        const uint2 lo = decode_fp8::quantize8_bytes<T>(v[u][0], s, rc), hi = decode_fp8::quantize8_bytes<T>(v[u][1], s, rc);
-        q = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      }
-      const int unit = (c % kItemsPerBox) ^ (r % 8);
-      *reinterpret_cast<uint4*>(xq + (c / kItemsPerBox) * (MX * 128) + r * 128 + unit * 16) = q;
-    }
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, visible to wgmma (async proxy)
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");
-}
 #endif  // sm_90a helpers
 
 // Grid (column tiles of all parts, S); cluster (1, S, 1): blockIdx.y is the split and the rank in the cluster.
 // MX: x rows held (>= m; the rows past m are TMA's zero fill); NW as decode_linear_kernel's; F8: x and the weights
-// e4m3 (T: the output's type); QX (F8): p.x is the 16-bit x, quantized here (quantize_x_split).
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool QX = false>
+// e4m3 (T: the output's type).
+template <typename T, int MX, int NW, int KB, bool F8 = false>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!QX || (F8 && KB == 1), "x quantized in the kernel: the F8 form, one box per stage");
   constexpr int BK = tma_box_k<F8>();  // k per box
-  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, QX ? 0 : MX, KB), SK = KB * BK;
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * BK;
   constexpr int R = MX / 2;  // accumulators per thread and weight
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int ns = tp.stages;
-  unsigned char* xq = smem + ns * SB;  // QX: x's e4m3 boxes of the split
-  uint64_t* full = reinterpret_cast<uint64_t*>(xq + (QX ? tp.kb_per_split * XB : 0));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + ns * SB);
   uint64_t* empty = full + ns;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int n0;
@@ -293,11 +217,6 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
     for (int s = 0; s < ns; ++s) mbar_init(full + s, 1), mbar_init(empty + s, 4);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // QX: the rows' max |x| over this split (float bits), then their scales, after the barriers (no static shared
-  // memory: the opt-in limit is all of an SM's)
-  unsigned* qx_amax = reinterpret_cast<unsigned*>(empty + ns);
-  float* qx_scale = reinterpret_cast<float*>(qx_amax + MX);
-  if (QX && threadIdx.x < MX) qx_amax[threadIdx.x] = 0;
   __syncthreads();
 
   float acc[NW][R];
@@ -311,8 +230,6 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   float part[F8 ? NW : 1][F8 ? R : 1];
 
   if (warp == 4) {  // producer: one lane issues every copy
-    // QX: the consumers' cluster barrier (quantize_x_split) does not wait for the producers
-    if constexpr (QX) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     if (lane == 0) {
       const CUtensorMap* wm[NW];
 #pragma unroll
@@ -326,11 +243,9 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
           for (int b = 0; b < KB; ++b) tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * BK, n0, full + i % ns);
       };
       const auto xs = [&](int i) {
-        if constexpr (!QX) {
 #pragma unroll
-          for (int b = 0; b < KB; ++b) {
-            tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
-          }
+        for (int b = 0; b < KB; ++b) {
+          tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
         }
       };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
@@ -349,10 +264,8 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       }
     }
     __syncwarp();
-    if constexpr (QX) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   } else {  // consumers: the warpgroup multiplies each stage as it lands
-    pdl_wait();  // (the epilogue's stores; QX: x)
-    if constexpr (QX) quantize_x_split<T, MX>(p, kb0 * BK, nk, xq, qx_amax, qx_scale);
+    pdl_wait();  // (the epilogue's stores)
     for (int i = 0; i < nk; ++i) {
       const int s = i % ns;
       mbar_wait(full + s, (i / ns) & 1);
@@ -368,7 +281,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int b = 0; b < KB; ++b) {
-        const uint64_t xd = smem_desc(QX ? xq + i * XB : st + NW * KB * WB + b * XB);
+        const uint64_t xd = smem_desc(st + NW * KB * WB + b * XB);
 #pragma unroll
         for (int kk = 0; kk < kTmaBK / 16; ++kk) {
 #pragma unroll
@@ -417,9 +330,8 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       for (int c = 0; c < MX / 8; ++c) {
         float xs0 = 1.f, xs1 = 1.f;
         if constexpr (F8) {
-          const float* x_scale = QX ? qx_scale : tp.x_scale;
-          xs0 = 8 * c + xr < p.m ? x_scale[8 * c + xr] : 0.f;
-          xs1 = 8 * c + xr + 1 < p.m ? x_scale[8 * c + xr + 1] : 0.f;
+          xs0 = 8 * c + xr < p.m ? tp.x_scale[8 * c + xr] : 0.f;
+          xs1 = 8 * c + xr + 1 < p.m ? tp.x_scale[8 * c + xr + 1] : 0.f;
         }
         float* r0 = red + (w * MX + 8 * c + xr) * kRedStride + col;
         r0[0] = F8 ? acc[w][4 * c] * xs0 * ws0 : acc[w][4 * c];
@@ -496,16 +408,13 @@ bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
 
 // Stages of the ring: 3 unless asked (the FUSEKIT_DECODE_GEMM test override), at least 2, at most one per k block
 // of a split. Three is the fastest on an H100: more CTAs per SM (three of gate/up, six of a plain linear at 32
-// rows) rather than more bytes in flight per CTA. `extra`: shared memory beside the ring (QX: x's boxes).
-inline int tma_stages(int asked, int per, int stage_bytes, size_t extra = 0) {
-  const int fit = static_cast<int>((kTmaSmemBudget - std::min(kTmaSmemBudget, 1024 + 16 * kTmaMaxStages + extra)) /
-                                   stage_bytes);
+// rows) rather than more bytes in flight per CTA.
+inline int tma_stages(int asked, int per, int stage_bytes) {
+  const int fit = static_cast<int>((kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / stage_bytes);
   return std::max(2, std::min({asked > 0 ? asked : 3, fit, kTmaMaxStages, std::max(per, 2)}));
 }
 
-inline size_t tma_smem(int stages, int stage_bytes, size_t extra = 0) {
-  return 1024 + size_t(stages) * stage_bytes + extra + 16 * stages;
-}
+inline size_t tma_smem(int stages, int stage_bytes) { return 1024 + size_t(stages) * stage_bytes + 16 * stages; }
 
 // How many clusters of S CTAs with this shared memory the GPU holds at once (the occupancy API knows how the
 // SMs group into GPCs, which a cluster cannot span); cached per (device, kernel instance, S, bytes).
@@ -534,10 +443,8 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
 // Launches with S splits of K (0: the cheapest S in [1, max_splits]: the waves of clusters the GPU holds at once
 // times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
 // launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
-// F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set;
-// QX: p.x is the 16-bit x (quantized in the kernel; x_scale unused), and splits whose x boxes do not fit beside a
-// two-stage ring in kTmaSmemBudget are not taken (false where none fits).
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool QX = false>
+// F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set.
+template <typename T, int MX, int NW, int KB, bool F8 = false>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits,
                      const TmaParams* scales = nullptr) {
   using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;  // the operands' element
@@ -551,52 +458,40 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   for (int i = 0; i < (NW == 2 ? 2 : p.parts); ++i) {
     if (!weight_map<E>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
-  if (!QX && !encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, QX>;
-  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, QX>>(kTmaSmemMax);
-  constexpr int SB = tma_stage_bytes(NW, QX ? 0 : MX, KB);
+  if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8>;
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8>>(kTmaSmemMax);
+  constexpr int SB = tma_stage_bytes(NW, MX, KB);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
-  // QX: x's boxes, the rows' maxima and scales
-  const auto x_bytes = [](int per) { return QX ? size_t(per) * MX * 128 + 2 * MX * sizeof(float) : size_t{0}; };
-  const auto fits = [&](int per) { return tma_smem(2, SB, x_bytes(per)) <= kTmaSmemBudget; };
   int s = std::min({splits, kTmaMaxSplits, kblocks});
   if (splits <= 0) {
-    s = 0;
     int64_t best_cost = INT64_MAX;
     for (int c = 1; c <= max_splits && c <= kblocks; ++c) {
       const int per = (kblocks + c - 1) / c;
-      if ((kblocks + per - 1) / per < c || !fits(per)) continue;  // an empty split, or x's boxes too large
-      const int held = tma_max_clusters(kernel, c, tma_smem(tma_stages(stages, per, SB, x_bytes(per)), SB, x_bytes(per)));
+      if ((kblocks + per - 1) / per < c) continue;  // an empty split
+      const int held = tma_max_clusters(kernel, c, tma_smem(tma_stages(stages, per, SB), SB));
       const int64_t cost = int64_t(tiles + held - 1) / held * (per + 3);
       if (cost < best_cost) s = c, best_cost = cost;
     }
-    if (s == 0) return false;
   }
   tp.kb_per_split = (kblocks + s - 1) / s;
   s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
-  if (!fits(tp.kb_per_split)) return false;
-  tp.stages = tma_stages(stages, tp.kb_per_split, SB, x_bytes(tp.kb_per_split));
+  tp.stages = tma_stages(stages, tp.kb_per_split, SB);
   tp.early = early;
-  launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB, x_bytes(tp.kb_per_split)), stream,
-            pdl_allowed(90, 'g'), s, tp);
+  launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB), stream, pdl_allowed(90, 'g'), s, tp);
   return true;
 }
 
-// The F8 kernel at 1-64 rows (one k box per stage: 128 k), QX at 1-16; false, launching nothing, as
-// launch_tma_rows.
-template <typename T, int NW, bool QX = false>
+// The F8 kernel at 1-64 rows (one k box per stage: 128 k); false, launching nothing, as launch_tma_rows.
+template <typename T, int NW>
 bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t stream, int splits, bool early,
-                    int stages = 0, int max_splits = kTmaMaxSplits) {
-  if (!tma_built() || p.m > (QX ? 16 : 64) || p.m < 1) return false;
-  if constexpr (QX) {
-    if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, true, true>(p, stream, splits, early, stages, max_splits, &scales);
-    return launch_tma_rows<T, 16, NW, 1, true, true>(p, stream, splits, early, stages, max_splits, &scales);
-  }
-  if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, true>(p, stream, splits, early, stages, max_splits, &scales);
-  if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, true>(p, stream, splits, early, stages, max_splits, &scales);
-  if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, true>(p, stream, splits, early, stages, max_splits, &scales);
-  return launch_tma_rows<T, 64, NW, 1, true>(p, stream, splits, early, stages, max_splits, &scales);
+                    int max_splits = kTmaMaxSplits) {
+  if (!tma_built() || p.m > 64 || p.m < 1) return false;
+  if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  return launch_tma_rows<T, 64, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
 }
 
 template <typename T, int MX, int NW>
