@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 import fusion_backend  # noqa: E402
-from fusion_backend.tools.decode_bench import length_counters  # noqa: E402
+from fusion_backend.tools.decode_bench import cache_restorer  # noqa: E402
 
 LAYERS = 2
 _BASE = dict(num_hidden_layers=LAYERS, vocab_size=512, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
@@ -68,28 +68,6 @@ def _model(name):
     return cfg, getattr(transformers, model_cls)(cfg).eval()
 
 
-def _snapshot(cache):
-    """A function that puts `cache` back as it is now: its rows, the length counters of caches that count their own
-    (a tensor each step advances in place), and a sliding-window layer's Python int."""
-    layers = list(getattr(cache, "layers", ()))
-    rows = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
-    counters = length_counters(cache)
-    saved = [n.clone() for n in counters]
-    ints = [(layer, layer.cumulative_length_int) for layer in layers
-            if isinstance(getattr(layer, "cumulative_length_int", None), int)]
-
-    def restore():
-        for layer, (k, v) in zip(layers, rows):
-            layer.keys.copy_(k)
-            layer.values.copy_(v)
-        for n, s in zip(counters, saved):
-            n.copy_(s)
-        for layer, i in ints:
-            layer.cumulative_length_int = i
-
-    return restore
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_decode_step_rules_fire_at_every_layer(name):
@@ -105,7 +83,7 @@ def test_decode_step_rules_fire_at_every_layer(name):
         for layer in getattr(cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
             for t in (layer.keys, layer.values):
                 t.normal_(0, 0.5)
-        restore = _snapshot(cache)  # each step writes the cache (a full sliding window rolls) and advances counters
+        restore = cache_restorer(cache)  # each step writes the cache (a full sliding window rolls) and advances counters
         want = model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
         restore()
         rep = fusion_backend.explain(model, tok, past_key_values=cache, cache_position=pos, use_cache=True,

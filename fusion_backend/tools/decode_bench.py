@@ -40,6 +40,28 @@ def length_counters(cache: Any) -> list[torch.Tensor]:
             if isinstance(n := getattr(layer, "cumulative_length", None), torch.Tensor)]
 
 
+def cache_restorer(cache: Any) -> Callable[[], None]:
+    """A function that puts `cache` back as it is now: its rows, the length counters of caches that count their own
+    (a tensor each step advances in place), and a sliding-window layer's Python int."""
+    layers = list(getattr(cache, "layers", ()))
+    rows = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
+    counters = length_counters(cache)
+    saved = [n.clone() for n in counters]
+    ints = [(layer, layer.cumulative_length_int) for layer in layers
+            if isinstance(getattr(layer, "cumulative_length_int", None), int)]
+
+    def restore():
+        for layer, (k, v) in zip(layers, rows):
+            layer.keys.copy_(k)
+            layer.values.copy_(v)
+        for n, s in zip(counters, saved):
+            n.copy_(s)
+        for layer, i in ints:
+            layer.cumulative_length_int = i
+
+    return restore
+
+
 # torchao configurations `--quant` names (torchao is optional: fusekit[quant])
 QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig"}
 

@@ -1,0 +1,95 @@
+"""Tensor parallelism as users run it: a decoder loaded with transformers' `tp_plan="auto"` over 2 processes (gloo,
+CPU: DTensor weights, functional all-reduces in the graph), one StaticCache decode step compiled by fusekit with
+cpu_reference. On every rank the decode rules fire on that rank's shard at every layer (fewer heads: Llama's 8/4
+heads are 4/2 per rank, grouped; narrower q/k/v and gate/up), and the logits equal the unsharded model's."""
+import os
+import socket
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers' tp_plan needs it
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from fusion_backend.tools.decode_bench import cache_restorer  # noqa: E402
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
+
+WORLD = 2
+LAYERS = 2
+PROMPT = 8
+_BASE = dict(num_hidden_layers=LAYERS, vocab_size=512, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2, hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
+             head_dim=64)
+# family: (config class, {rule: sites expected per rank: one per layer, the LM head one in all})
+MODELS = {
+    "llama": ("LlamaConfig", {"decode.gqa": LAYERS, "decode_gemm.qkv": LAYERS, "decode_gemm.gate_up_silu": LAYERS,
+                              "decode_gemm.linear": 2 * LAYERS + 1}),  # o and down (row shards), the LM head
+    "qwen2": ("Qwen2Config", {"decode.gqa": LAYERS, "decode_gemm.qkv_bias": LAYERS,
+                              "decode_gemm.gate_up_silu": LAYERS, "decode_gemm.linear": 2 * LAYERS + 1}),
+}
+
+
+def _step(model, cache, tokens):
+    """The prompt into the cache (eager), then the inputs of the decode step after it."""
+    with torch.no_grad():
+        model(tokens[:, :PROMPT], past_key_values=cache, cache_position=torch.arange(PROMPT), use_cache=True)
+    return dict(past_key_values=cache, cache_position=torch.tensor([PROMPT]), use_cache=True)
+
+
+def _rank(rank, path, port, expected, want):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        import transformers
+        import fusion_backend
+        from torch.distributed.tensor import DTensor
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32).eval()
+        assert isinstance(model.model.layers[0].self_attn.q_proj.weight, DTensor)
+        tokens = torch.randint(3, 512, (2, PROMPT + 1), generator=torch.Generator().manual_seed(1))
+        cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+        step = _step(model, cache, tokens)
+        restore = cache_restorer(cache)  # the step writes the cache and advances its counters
+        with torch.no_grad():
+            eager = model(tokens[:, PROMPT:], **step).logits
+            restore()
+            rep = fusion_backend.explain(model, tokens[:, PROMPT:], **step, options={"cpu_reference": True})
+        assert not rep.errors, str(rep)
+        for rule, sites in expected.items():
+            assert rep.sites[rule] == sites, f"rank {rank}: {rule}\n{rep}"
+        got = rep.output.logits
+        got = got.full_tensor() if isinstance(got, DTensor) else got
+        torch.testing.assert_close(got, eager.full_tensor() if isinstance(eager, DTensor) else eager,
+                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # the unsharded model's
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tp2_decode_rules_fire_on_each_rank_and_match_unsharded(name, tmp_path):
+    import transformers
+
+    cfg_name, expected = MODELS[name]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cfg_name)(**_BASE)).eval()
+    model.save_pretrained(tmp_path)
+    tokens = torch.randint(3, 512, (2, PROMPT + 1), generator=torch.Generator().manual_seed(1))
+    cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+    step = _step(model, cache, tokens)
+    with torch.no_grad():
+        want = model(tokens[:, PROMPT:], **step).logits
+    mp.spawn(_rank, args=(str(tmp_path), _free_port(), expected, want), nprocs=WORLD)
