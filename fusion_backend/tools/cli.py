@@ -1,6 +1,7 @@
 """The ``fusekit`` command: bench, profile, explain, doctor.
 
     fusekit bench   [--phase prefill|decode|both] [--models gpt2,llama,...] [--modes ...] [--batch N --seq N] [--out DIR]
+    fusekit bench   --phase decode --tp 1,2 [--models llama,qwen2] [--batches 1,32]
     fusekit profile --model bert [--out DIR]
     fusekit explain --model gpt2
     fusekit doctor
@@ -47,6 +48,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
     enable = tuple(a.enable.split(",")) if a.enable else ()
     if enable and "decode" not in phases:
         print("note: --enable applies to the decode phase", file=sys.stderr)
+    if a.tp:
+        from . import tp_bench
+
+        if phases != ("decode",) or a.quant or enable:
+            print("--tp runs the decode phase (--phase decode), without --quant or --enable", file=sys.stderr)
+            return 2
+        positions = ints(a.positions)
+        tp_bench.bench(names, pathlib.Path(a.out), ints(a.tp), ints(a.batches), positions[0] if positions else None)
+        return 0
     if a.cpu or not torch.cuda.is_available():
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
         from . import flow
@@ -255,6 +265,10 @@ def parser() -> argparse.ArgumentParser:
                    help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
                         "int8-weight-only: Int8WeightOnlyConfig; fp8-rowwise: Float8DynamicActivationFloat8WeightConfig"
                         "(granularity=PerRow()), sm_89+")
+    b.add_argument("--tp", default=None, help="decode: comma-separated tensor-parallel sizes (transformers' "
+                   "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
+                   "batch (GPU default batches 1,32, position 1024); without a GPU the tiny models over gloo, "
+                   "rules and logits checked. Writes tp.md/.json/.png")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

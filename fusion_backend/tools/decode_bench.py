@@ -86,10 +86,15 @@ class Step:
     """One decode step of `name` at batch `batch` against a StaticCache of `cache_len` slots."""
 
     def __init__(self, name: str, device: str, batch: int, cache_len: int, dtype: torch.dtype | None = None,
-                 quant: str | None = None):
+                 quant: str | None = None, built: tuple[Any, dict[str, Any]] | None = None):
+        """`built`: (model, description) made elsewhere (a tensor-parallel shard loaded by tp_bench), instead of
+        models.make's."""
         from transformers import StaticCache
 
-        self.model, _, self.desc = models.make(name, device, dtype, batch, 1)
+        if built is None:
+            self.model, _, self.desc = models.make(name, device, dtype, batch, 1)
+        else:
+            self.model, self.desc = built[0], {**built[1], "batch": batch}
         if quant:
             quantize(self.model, quant)
         cfg = self.model.config

@@ -1,0 +1,266 @@
+"""``fusekit bench --phase decode --tp N[,M]``: one decode step of a decoder sharded over N GPUs with transformers'
+tensor-parallel plan (``from_pretrained(path, tp_plan="auto")``: DTensor weights, functional all-reduces in the graph,
+one process a GPU over NCCL), Inductor against fusekit, each replayed as a CUDA graph on every rank. Per TP size and
+batch: ms per step (the slowest rank's), the ratio, the share of the per-GPU byte floor (the rank's weight shards and
+KV rows at the copy bandwidth), the rules fired on rank 0, compile times, and both backends' logits against the
+sharded eager step's. TP size 1 is the unsharded model in one process, for the scaling in the same run.
+
+Without a GPU it runs the tiny configurations over gloo with fusekit's CPU references: rules and logits are checked,
+nothing is timed. Writes tp.md, tp.json and tp.png.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from . import models
+from .decode_bench import Step, copy_bandwidth, fusekit_options
+from ..report import Report, near_miss_groups, no_compile_caches
+
+BACKENDS = ("inductor", "fusekit")
+ROUNDS = 5  # interleaved rounds; each times REPS replays of each backend's graph
+REPS = 50
+# The machine's NVLink multicast stays off (it can take the host's GPUs down): set for the ranks too
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _max_over_ranks(x: float, device: str) -> float:
+    """The largest of each rank's x (a step is as slow as its slowest rank); x itself without a process group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return x
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _ms_per_call(fn, device: str) -> float:
+    """ms per call of fn over REPS back-to-back calls, every rank starting together (a fixed count: ranks that chose
+    their own counts, as do_bench does, would wait on each other's collectives forever)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPS):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / REPS
+
+
+def _load(path: str, world: int, device: str, dtype: torch.dtype) -> Any:
+    import transformers
+
+    if world == 1:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype).eval()
+
+
+def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: int, device: str, cache_len: int,
+           bw: float | None) -> dict:
+    """On every rank: one model's step at `batch`, eager (the reference), Inductor and fusekit; the result rank 0
+    keeps. `device` is this rank's."""
+    from ..backend import backend as fusekit_backend
+    from .. import stats
+    from .cuda_graphs import capture
+
+    cpu = device == "cpu"
+    dtype = getattr(torch, desc["dtype"])
+    st = Step(name, device, batch, cache_len, built=(_load(path, world, device, dtype), desc))
+    res: dict[str, Any] = {**st.desc, "tp": world, "batch": batch, "position": position, "cache_len": st.cache_len,
+                           "backends": {}}
+    logits: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        torch._dynamo.reset()
+        st.restore()
+        st.at(position)
+        logits["eager"] = st(st.model).float()
+        steps = {}
+        for be in BACKENDS:
+            fn = torch.compile(st.model) if be == "inductor" else torch.compile(
+                st.model, backend=fusekit_backend(options=fusekit_options(cpu)))
+            st.restore()
+            st.at(position)
+            with stats.collect() as records, no_compile_caches():
+                t0 = time.perf_counter()
+                logits[be] = st(fn).float()
+                if not cpu:
+                    torch.cuda.synchronize()
+                info: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+            if be == "fusekit":
+                rep = Report(list(records))
+                info["sites"] = {k: v for k, v in rep.sites.items() if v}
+                info["near_misses"] = [g for g in near_miss_groups(rep)
+                                       if g["pattern"].split(".")[0] in ("decode", "decode_gemm")]
+                info["errors"] = len(rep.errors)
+            info["max_abs_vs_eager"] = (logits[be] - logits["eager"]).abs().max().item()
+            res["backends"][be] = info
+            steps[be] = st.repeated(fn)
+        if not cpu:
+            graphs = {be: capture(steps[be]) for be in BACKENDS}
+            timed = {be: (g.replay if g is not None else steps[be]) for be, g in graphs.items()}
+            res["graphs"] = all(g is not None for g in graphs.values())
+            rounds: dict[str, list[float]] = {be: [] for be in BACKENDS}
+            for _ in range(ROUNDS):
+                for be, fn in timed.items():
+                    rounds[be].append(_ms_per_call(fn, device))
+            del graphs, timed
+            for be, ts in rounds.items():
+                res["backends"][be]["ms"] = _max_over_ranks(statistics.median(ts), device)
+            floor_s = (st.weight_bytes() + st.kv_bytes(position)) / bw
+            res["floor_ms"] = _max_over_ranks(floor_s * 1e3, device)
+            i, f = res["backends"]["inductor"]["ms"], res["backends"]["fusekit"]["ms"]
+            res["speedup"], res["floor_frac"] = i / f, res["floor_ms"] / f
+        del steps
+        torch._dynamo.reset()
+    del st
+    if not cpu:
+        torch.cuda.empty_cache()
+    return res
+
+
+def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: tuple[int, ...],
+          position: int, cache_len: int, out: str) -> None:
+    os.environ.update(NO_MULTICAST)
+    cpu = not torch.cuda.is_available()
+    device = "cpu" if cpu else f"cuda:{rank}"
+    import torch.distributed as dist
+
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        if not cpu:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("gloo" if cpu else "nccl", rank=rank, world_size=world)
+    try:
+        bw = None if cpu else copy_bandwidth(device)
+        results = []
+        for name, desc, path in jobs:
+            for b in batches:
+                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw)
+                if rank == 0:
+                    r["copy_gbps"] = bw / 1e9 if bw else None
+                    results.append(r)
+                    print(_line(r), flush=True)
+        if rank == 0:
+            pathlib.Path(out).write_text(json.dumps(results, default=str))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _line(r: dict) -> str:
+    i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
+    timed = (f"  {i['ms']:.3f} -> {f['ms']:.3f} ms ({r['speedup']:.2f}x, floor {r['floor_frac']:.0%})"
+             if "ms" in f else "")
+    return (f"  {r['model']:8s} tp{r['tp']} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
+            f" inductor {i['max_abs_vs_eager']:.2e}  fused {f['sites']}")
+
+
+def markdown(results: list[dict], env: dict) -> str:
+    where = f"{env['gpus']} x {env['device']}" if env["gpus"] else f"{env['device']}, gloo ranks, nothing timed"
+    lines = [f"# fusekit tensor-parallel decode step on {where}",
+             "",
+             f"torch {env['torch']}, transformers {env['transformers']}; transformers' tp_plan=\"auto\" (TP 1: the "
+             f"unsharded model); one decode step at position {results[0]['position'] if results else '-'} of a "
+             "StaticCache, CUDA graphs for both backends; ms per step of the slowest rank (median of "
+             f"{ROUNDS} rounds of {REPS} replays); floor: the rank's weight shards + KV rows at the copy bandwidth.",
+             "",
+             "| model | TP | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
+             "| max abs vs eager (Inductor / fusekit) | compile fusekit / Inductor | rules fired (rank 0) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    f3 = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
+    for r in results:
+        i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
+        lines.append(
+            f"| {r['model']} | {r['tp']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
+            + (f"{r['speedup']:.2f}x | {r['floor_ms']:.3f} | {r['floor_frac']:.0%} | " if "speedup" in r
+               else "- | - | - | ")
+            + f"{i['max_abs_vs_eager']:.2e} / {f['max_abs_vs_eager']:.2e} | "
+            f"{f['compile_s'] / i['compile_s']:.2f}x | "
+            + ", ".join(f"{k.split('.', 1)[1]} x{v}" for k, v in sorted(f["sites"].items())) + " |")
+    misses = {(r["model"], r["tp"]): r["backends"]["fusekit"]["near_misses"] for r in results}
+    misses = {k: v for k, v in misses.items() if v}
+    if misses:
+        lines += ["", "Near misses (rank 0):"]
+        lines += [f"- {m} tp{t}: " + "; ".join(f"{g['pattern']}: {g['reason']}" for g in v)
+                  for (m, t), v in misses.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: pathlib.Path) -> None:
+    rows = [r for r in results if "speedup" in r]
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(5, len(rows) * 0.8), 3.5))
+    ax.bar(range(len(rows)), [r["speedup"] for r in rows])
+    ax.set_xticks(range(len(rows)), [f"{r['model']}\ntp{r['tp']} b{r['batch']}" for r in rows], fontsize=7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("fusekit speed vs Inductor (decode step)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tuple[int, ...] | None = None,
+          position: int | None = None) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    from .e2e import environment
+
+    cpu = not torch.cuda.is_available()
+    gpus = 0 if cpu else torch.cuda.device_count()
+    if not cpu and max(tps) > gpus:
+        raise SystemExit(f"--tp {max(tps)} needs {max(tps)} GPUs; this machine has {gpus}")
+    batches = batches or ((2,) if cpu else (1, 32))
+    cache_len = 64 if cpu else 4096
+    position = position or (40 if cpu else 1024)
+    env = {**environment(), "gpus": gpus}
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"fusekit bench --phase decode --tp {','.join(map(str, tps))} on {env['device']} x{gpus} "
+          f"(torch {env['torch']}): {', '.join(names)}; batches {batches}; position {position} of {cache_len}",
+          flush=True)
+    results: list[dict] = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = []
+        for name in names:  # random weights, saved once: every rank loads its shard of the same model
+            model, _, desc = models.make(name, "cpu" if cpu else "cuda")
+            model.save_pretrained(f"{tmp}/{name}")
+            jobs.append((name, desc, f"{tmp}/{name}"))
+            del model
+        torch.cuda.empty_cache() if not cpu else None
+        for tp in tps:
+            print(f"[{time.time() - t0:5.0f}s] TP {tp}", flush=True)
+            part = pathlib.Path(tmp) / f"tp{tp}.json"
+            mp.spawn(_rank, args=(tp, _free_port(), jobs, batches, position, cache_len, str(part)), nprocs=tp)
+            results += json.loads(part.read_text())
+            (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
+            (out / "tp.md").write_text(markdown(results, env))
+    plot(results, out / "tp.png")
+    print()
+    print(markdown(results, env))
+    print(f"wrote {out / 'tp.md'}, {out / 'tp.json'}" + (f", {out / 'tp.png'}" if not cpu else ""))
+    return results
