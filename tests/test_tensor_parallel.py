@@ -91,3 +91,23 @@ def test_tp2_decode_rules_fire_on_each_rank_and_match_unsharded(name, tmp_path):
     with torch.no_grad():
         want = model(tokens[:, PROMPT:], **step).logits
     mp.spawn(_rank, args=(str(tmp_path), _free_port(), tokens, expected, want), nprocs=WORLD)
+
+
+@pytest.mark.slow
+def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
+    """`fusekit bench --phase decode --tp 2` without a GPU: the tiny Llama-style model over 2 gloo ranks, the rules
+    fired on rank 0's shard (1 KV head per rank: the MQA rule) and both backends' logits against the sharded eager
+    step's, in tp.md and tp.json; nothing timed."""
+    import json
+
+    from fusion_backend.tools import tp_bench
+
+    (r,) = tp_bench.bench(["llama"], tmp_path, (2,))
+    fk, ind = r["backends"]["fusekit"], r["backends"]["inductor"]
+    assert (r["tp"], r["all_reduce"], fk["errors"]) == (2, "gloo", 0)
+    assert fk["sites"] == {"decode.mqa": 2, "decode_gemm.qkv": 2, "decode_gemm.gate_up_silu": 2,
+                           "decode_gemm.linear": 5}, fk["sites"]
+    assert fk["max_abs_vs_eager"] < 1e-4 and ind["max_abs_vs_eager"] < 1e-4
+    assert "ms" not in fk and "speedup" not in r  # untimed on CPU
+    assert json.loads((tmp_path / "tp.json").read_text())["steps"][0]["tp"] == 2
+    assert "| llama | 2 | gloo | 2 |" in (tmp_path / "tp.md").read_text()

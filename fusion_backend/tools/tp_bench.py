@@ -74,18 +74,36 @@ def _load(path: str, world: int, device: str, dtype: torch.dtype) -> Any:
     return transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype).eval()
 
 
+def one_shot_all_reduce(model: Any) -> None:
+    """Inductor's own one-shot all-reduce for the model's tensor-parallel groups (symmetric memory, P2P loads; no
+    NVLink multicast) in place of NCCL's, for inputs up to its threshold (128 KB: a decode step's activations)."""
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+    from torch.distributed.tensor import DTensor
+    import torch._inductor.config as ic
+
+    for g in {p.device_mesh.get_group().group_name for p in model.parameters() if isinstance(p, DTensor)}:
+        enable_symm_mem_for_group(g)
+    ic._collective.auto_select = True
+
+
 def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: int, device: str, cache_len: int,
-           bw: float | None) -> dict:
+           bw: float | None, symm_mem: bool = False) -> dict:
     """On every rank: one model's step at `batch`, eager (the reference), Inductor and fusekit; the result rank 0
-    keeps. `device` is this rank's."""
+    keeps. `device` is this rank's; symm_mem: the all-reduces one-shot (one_shot_all_reduce) for both backends."""
     from ..backend import backend as fusekit_backend
     from .. import stats
     from .cuda_graphs import capture
 
+    import torch.distributed as dist
+
     cpu = device == "cpu"
     dtype = getattr(torch, desc["dtype"])
     st = Step(name, device, batch, cache_len, built=(_load(path, world, device, dtype), desc))
+    symm_mem = symm_mem and world > 1 and device != "cpu"
+    if symm_mem:
+        one_shot_all_reduce(st.model)
     res: dict[str, Any] = {**st.desc, "tp": world, "batch": batch, "position": position, "cache_len": st.cache_len,
+                           "all_reduce": "one-shot" if symm_mem else (dist.get_backend() if world > 1 else "-"),
                            "backends": {}}
     logits: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -138,7 +156,7 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
 
 
 def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: tuple[int, ...],
-          position: int, cache_len: int, out: str) -> None:
+          position: int, cache_len: int, out: str, symm_mem: bool) -> None:
     os.environ.update(NO_MULTICAST)
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else f"cuda:{rank}"
@@ -155,7 +173,7 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         results = []
         for name, desc, path in jobs:
             for b in batches:
-                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw)
+                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw, symm_mem)
                 if rank == 0:
                     r["copy_gbps"] = bw / 1e9 if bw else None
                     results.append(r)
@@ -171,7 +189,7 @@ def _line(r: dict) -> str:
     i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
     timed = (f"  {i['ms']:.3f} -> {f['ms']:.3f} ms ({r['speedup']:.2f}x, floor {r['floor_frac']:.0%})"
              if "ms" in f else "")
-    return (f"  {r['model']:8s} tp{r['tp']} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
+    return (f"  {r['model']:8s} tp{r['tp']} {r['all_reduce']:8s} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
             f" inductor {i['max_abs_vs_eager']:.2e}  fused {f['sites']}")
 
 
@@ -184,14 +202,14 @@ def markdown(results: list[dict], env: dict) -> str:
              "StaticCache, CUDA graphs for both backends; ms per step of the slowest rank (median of "
              f"{ROUNDS} rounds of {REPS} replays); floor: the rank's weight shards + KV rows at the copy bandwidth.",
              "",
-             "| model | TP | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
+             "| model | TP | all-reduce | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
              "| max abs vs eager (Inductor / fusekit) | compile fusekit / Inductor | rules fired (rank 0) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f3 = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
     for r in results:
         i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
         lines.append(
-            f"| {r['model']} | {r['tp']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
+            f"| {r['model']} | {r['tp']} | {r['all_reduce']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
             + (f"{r['speedup']:.2f}x | {r['floor_ms']:.3f} | {r['floor_frac']:.0%} | " if "speedup" in r
                else "- | - | - | ")
             + f"{i['max_abs_vs_eager']:.2e} / {f['max_abs_vs_eager']:.2e} | "
@@ -201,7 +219,7 @@ def markdown(results: list[dict], env: dict) -> str:
     misses = {k: v for k, v in misses.items() if v}
     if misses:
         lines += ["", "Near misses (rank 0):"]
-        lines += [f"- {m} tp{t}: " + "; ".join(f"{g['pattern']}: {g['reason']}" for g in v)
+        lines += [f"- {m} tp{t}: " + "; ".join(f"{g['pattern']} x{g['count']}: {g['example']}" for g in v)
                   for (m, t), v in misses.items()]
     return "\n".join(lines) + "\n"
 
@@ -225,7 +243,7 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
 
 
 def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tuple[int, ...] | None = None,
-          position: int | None = None) -> list[dict]:
+          position: int | None = None, symm_mem: bool = False) -> list[dict]:
     import torch.multiprocessing as mp
 
     from .e2e import environment
@@ -255,7 +273,7 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
         for tp in tps:
             print(f"[{time.time() - t0:5.0f}s] TP {tp}", flush=True)
             part = pathlib.Path(tmp) / f"tp{tp}.json"
-            mp.spawn(_rank, args=(tp, _free_port(), jobs, batches, position, cache_len, str(part)), nprocs=tp)
+            mp.spawn(_rank, args=(tp, _free_port(), jobs, batches, position, cache_len, str(part), symm_mem), nprocs=tp)
             results += json.loads(part.read_text())
             (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "tp.md").write_text(markdown(results, env))
