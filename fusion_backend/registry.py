@@ -69,6 +69,9 @@ class Pattern:
     dtypes: tuple[torch.dtype, ...] = FLOATS  # dtype of the first tensor argument
     guards: tuple[G.Guard, ...] = ()          # shape/stride/contiguity guards beyond dtype/device/scalars
     static: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # non-tensor params fixed per rule
+    # Static params the op takes in another form than the reference: name -> fn(the op's other arguments by
+    # name). A rule without a zero point adds 0.0 in its reference; the op takes zeros like the scale.
+    op_static: Mapping[str, Callable[[Mapping[str, Any]], Any]] = dataclasses.field(default_factory=dict)
     literals: tuple[str, ...] = ()            # float params matched only as Python numbers (no `_t`)
     # Other eager spellings of the same computation (same parameters, static ones omitted). Each is
     # registered as a search pattern too (duplicates of the reference's are skipped) and tested. A variant with the
@@ -181,10 +184,17 @@ def op_overload(name: str) -> torch._ops.OpOverload:
     return getattr(torch.ops.fusekit, name).default
 
 
+def op_arguments(pattern: Pattern, args: Sequence[Any], static: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """The op's arguments by name for matched `args`: the rule's static parameters (`static` overrides them),
+    those the op takes in another form (op_static) computed from the rest."""
+    bound = dict(zip(pattern.arg_names, args)) | dict(pattern.static) | dict(static)
+    return bound | {n: f(bound) for n, f in pattern.op_static.items()}
+
+
 def call_op(pattern: Pattern, args: Sequence[Any], static: Mapping[str, Any] = {}) -> Any:
     """Call the pattern's op on matched arguments (`static` overrides the rule's static parameters); a tensor
     in a float slot goes to its `_t` companion."""
-    bound = dict(zip(pattern.arg_names, args)) | dict(pattern.static) | dict(static)
+    bound = op_arguments(pattern, args, static)
     call_args, call_kwargs = [], {}
     for name, kind in pattern.params:
         v = bound[name]

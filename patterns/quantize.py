@@ -45,13 +45,40 @@ def quant_i8_ref(x: Tensor, scale: float = 0.05, zp: float = 3.0, qmin: int = -1
     return torch.clamp(torch.round(x / scale + zp), qmin, qmax).to(torch.int8)
 
 
-def _channel(per_row: bool):
+def _rowwise_spellings(qmax: float, quantize):
+    """Hand-written per-row dynamic quantization without an epsilon (x's absmax by amax or max().values, over
+    127 or 127.0): the op with eps=0, as clamp(min=0) of an absmax (>= 0 or NaN) is the absmax itself. An
+    all-zero row gives s = 0 and x / s = NaN both ways: int8 0 from the op, and eager's NaN -> int8 cast is
+    undefined in C++ (0 on x86 CPUs); NaN for fp8 both ways. x stays in float32 (x.float() first), where the op
+    computes; a 16-bit absmax / qmax is another scale and another rule's business."""
+    def amax(x):
+        xf = x.float()
+        s = xf.abs().amax(-1, keepdim=True) / qmax
+        return quantize(xf / s), s
+
+    def max_values(x):
+        xf = x.float()
+        s = xf.abs().max(dim=-1, keepdim=True).values / qmax
+        return quantize(xf / s), s
+    return amax, max_values
+
+
+def _channel(per_row: bool, zp: bool = True):
     def make(case, dt, dev):
         m, n = case
         shape = (m, 1) if per_row else (n,)
         scale = torch.rand(shape, device=dev) * 0.2 + 0.01
-        return rand(case, dt, dev, 4.0), scale, torch.randn(shape, device=dev).round()
+        x = rand(case, dt, dev, 4.0)
+        return (x, scale, torch.randn(shape, device=dev).round()) if zp else (x, scale)
     return make
+
+
+def _no_zp(x, scale, qmin, qmax):  # round(x / scale) without a zero point: the op with zp = 0
+    return torch.clamp(torch.round(x / scale), qmin, qmax).to(torch.int8)
+
+
+def _zeros_like_scale(a):  # the op's zero point where the rule has none (+ 0 changes no int8)
+    return torch.zeros_like(a["scale"], memory_format=torch.contiguous_format)
 
 
 def _int8(case, dt, dev):
@@ -66,29 +93,57 @@ MIN_NUMEL_DYN = {torch.float16: 4_990_000, torch.bfloat16: 4_990_000, torch.floa
 
 
 _ROWS = ((4, 64), (3, 5, 33), (2, 4096))
-def _channel_guards(per_row: bool):
-    return (G.channel_params("x", "scale", "zp", per_row=per_row), G.float32("scale", "zp"),
-            G.contiguous("x", "scale", "zp"), G.int8_range("qmin", "qmax"))
+def _channel_guards(per_row: bool, zp: bool = True):
+    params = ("scale", "zp") if zp else ("scale",)
+    return (G.channel_params("x", *params, per_row=per_row), G.float32(*params),
+            G.contiguous("x", *params), G.int8_range("qmin", "qmax"))
+
+
+def _dyn(pid: str, ref, op: str, **kw) -> Pattern:
+    return Pattern(
+        pid, cuda_default=True, cuda_min_numel=MIN_NUMEL_DYN, reference=ref, op=op, literals=("eps",),
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),),
+        guards=(G.contiguous("x"),), tol=EXACT,
+        fixtures=Fixtures(cases=_ROWS, bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)), **kw)
+
+
+def _per_channel(pid: str, per_row: bool, zp: bool = True, cuda_default=(torch.float16, torch.bfloat16),
+                 **kw) -> Pattern:
+    shape = (8, 1) if per_row else (16,)  # bad_layout's x: [16, 8].t()
+    return Pattern(
+        pid,
+        # measured (with zp): fp16/bf16 0.77-0.84x (per column), 0.85-0.94x (per row) Inductor's time at 20M/50M
+        # (H200, 3-round medians); fp32 at parity (benchmarks/RESULTS.md), so opt-in there
+        cuda_default=cuda_default,
+        cuda_min_numel=MIN_NUMEL_PER_ROW if per_row else MIN_NUMEL_CHANNEL,
+        reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row, zp),
+        trace_case=(2, 8), guards=_channel_guards(per_row, zp), tol=EXACT,
+        fixtures=Fixtures(cases=((4, 32), (33, 64)), bad_layout=lambda dt, dev: (
+            rand((16, 8), dt, dev, 4.0).t(), torch.rand(shape, device=dev) + 0.1,
+            *((torch.zeros(shape, device=dev),) if zp else ()))), **kw)
+
+
+def _per_tensor(pid: str, **kw) -> Pattern:
+    return Pattern(
+        pid, cuda_default=False,  # measured: at parity with Inductor (H200; benchmarks/RESULTS.md); opt-in
+        reference=quant_i8_ref, op="quant_i8",
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 4.0),),  # |x| up to ~16: exercises the clamp
+        guards=(G.contiguous("x"), G.int8_range("qmin", "qmax")),
+        tol=EXACT, fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),)), **kw)
+
 
 PATTERNS = [
-    Pattern(
-        "quantize.dyn_quant_i8",  # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
-        cuda_default=True,  # measured: 0.51-0.82x Inductor's time at 20M/50M, every dtype (H200; benchmarks/RESULTS.md)
-        cuda_min_numel=MIN_NUMEL_DYN,
-        reference=dyn_quant_i8_ref, op="dyn_quant_i8", literals=("eps",),
-        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),),
-        guards=(G.contiguous("x"),), tol=EXACT,
-        fixtures=Fixtures(cases=_ROWS, bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)),
-    ),
-    Pattern(
-        "quantize.dyn_quant_fp8",  # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
-        cuda_default=True,  # measured: 0.55-0.85x Inductor's time at 20M/50M, every dtype (H200; benchmarks/RESULTS.md)
-        cuda_min_numel=MIN_NUMEL_DYN,
-        reference=dyn_quant_fp8_ref, op="dyn_quant_fp8", literals=("eps",),
-        inputs=lambda case, dt, dev: (rand(case, dt, dev, 3.0),),
-        guards=(G.contiguous("x"),), tol=EXACT,
-        fixtures=Fixtures(cases=_ROWS, bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)),
-    ),
+    # Without an epsilon (before the rules with one, which would take its clamp(min=0.0) form too)
+    _dyn("quantize.dyn_quant_i8_no_eps", dyn_quant_i8_ref, "dyn_quant_i8", static={"eps": 0.0},  # hand-written W8A8
+         variants=_rowwise_spellings(127, lambda t: torch.clamp(torch.round(t), -128, 127).to(torch.int8))),
+    _dyn("quantize.dyn_quant_fp8_no_eps", dyn_quant_fp8_ref, "dyn_quant_fp8", static={"eps": 0.0},
+         variants=_rowwise_spellings(448.0, lambda t: t.clamp(-448.0, 448.0).to(FP8))),
+    # per-token absmax -> scale -> int8 (SmoothQuant/W8A8 activations): one pass
+    # measured: 0.51-0.82x Inductor's time at 20M/50M, every dtype (H200; benchmarks/RESULTS.md)
+    _dyn("quantize.dyn_quant_i8", dyn_quant_i8_ref, "dyn_quant_i8"),
+    # per-token absmax -> scale -> float8_e4m3fn (FP8 activations): one pass
+    # measured: 0.55-0.85x Inductor's time at 20M/50M, every dtype (H200; benchmarks/RESULTS.md)
+    _dyn("quantize.dyn_quant_fp8", dyn_quant_fp8_ref, "dyn_quant_fp8"),
     Pattern(
         "quantize.quant_fp8",  # static per-tensor FP8 e4m3, saturating: 3 kernels -> 1
         cuda_default=False,  # measured: at parity with Inductor (H200; benchmarks/RESULTS.md); opt-in
@@ -98,27 +153,13 @@ PATTERNS = [
         variants=(lambda x, scale: torch.clamp(x / scale, -448.0, 448.0).to(FP8),),
         fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev).t(),)),
     ),
-    Pattern(
-        "quantize.quant_i8_per_col",  # per-channel INT8, one scale/zp per column (weights, per-channel acts)
-        # measured: fp16/bf16 0.77-0.84x Inductor's time at 20M/50M (H200, 3-round medians); fp32 at parity
-        # (benchmarks/RESULTS.md), so opt-in there
-        cuda_default=(torch.float16, torch.bfloat16),
-        cuda_min_numel=MIN_NUMEL_CHANNEL,
-        reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=False),
-        trace_case=(2, 8), guards=_channel_guards(per_row=False), tol=EXACT,
-        fixtures=Fixtures(cases=((4, 32), (33, 64)), bad_layout=lambda dt, dev: (
-            rand((16, 8), dt, dev, 4.0).t(), torch.rand(16, device=dev) + 0.1, torch.zeros(16, device=dev))),
-    ),
-    Pattern(
-        "quantize.quant_i8_per_row",  # per-channel INT8, one scale/zp per row
-        # measured: fp16/bf16 0.85-0.94x Inductor's time at 20M/50M (H200); fp32 at parity
-        cuda_default=(torch.float16, torch.bfloat16),
-        cuda_min_numel=MIN_NUMEL_PER_ROW,
-        reference=quant_i8_channel_ref, op="quant_i8_channel", inputs=_channel(per_row=True),
-        trace_case=(2, 8), guards=_channel_guards(per_row=True), tol=EXACT,
-        fixtures=Fixtures(cases=((4, 32), (33, 64)), bad_layout=lambda dt, dev: (
-            rand((16, 8), dt, dev, 4.0).t(), torch.rand(8, 1, device=dev) + 0.1, torch.zeros(8, 1, device=dev))),
-    ),
+    _per_channel("quantize.quant_i8_per_col", per_row=False),  # per-channel INT8, one scale/zp per column (weights)
+    _per_channel("quantize.quant_i8_per_row", per_row=True),   # per-channel INT8, one scale/zp per row
+    # the same without a zero point (symmetric weights, per-token scales): zp = 0
+    # not measured: the op's zeros are one more (tiny) kernel launch; opt-in on CUDA until benchmarked
+    *[_per_channel(f"quantize.quant_i8_per_{axis}_no_zp", per_row=axis == "row", zp=False, static={"zp": 0.0},
+                   op_static={"zp": _zeros_like_scale}, variants=(_no_zp,), cuda_default=False)
+      for axis in ("col", "row")],
     *[Pattern(
         f"quantize.dequant_i8_{str(out)[6:]}",  # (q.float() - zp) * scale [-> half]: int8 -> float in one pass
         reference=dequant_i8_ref, op="dequant_i8", static={"dtype": out}, inputs=_int8,
@@ -127,15 +168,9 @@ PATTERNS = [
         fixtures=Fixtures(bad_layout=lambda dt, dev: (
             torch.randint(-128, 128, (16, 8), device=dev, dtype=torch.int8).t(),)),
     ) for out in (torch.float16, torch.bfloat16, torch.float32)],  # the bare float32 form is a prefix: last
-    Pattern(
-        "quantize.quant_i8",  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
-        cuda_default=False,  # measured: at parity with Inductor (H200; benchmarks/RESULTS.md); opt-in
-        reference=quant_i8_ref, op="quant_i8",
-        inputs=lambda case, dt, dev: (rand(case, dt, dev, 4.0),),  # |x| up to ~16: exercises the clamp
-        guards=(G.contiguous("x"), G.int8_range("qmin", "qmax")),
-        variants=(lambda x, scale, zp, qmin, qmax: (x / scale + zp).round().clamp(qmin, qmax).to(torch.int8),
-                  lambda x, scale, zp, qmin, qmax: torch.clamp(torch.round(x / scale + zp), qmin, qmax).char()),
-        tol=EXACT,
-        fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),)),
-    ),
+    # static per-tensor INT8 without a zero point: zp = 0 (before quant_i8, which would take its reference's `+ 0.0`)
+    _per_tensor("quantize.quant_i8_no_zp", static={"zp": 0.0}, variants=(_no_zp,)),
+    _per_tensor("quantize.quant_i8", variants=(  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
+        lambda x, scale, zp, qmin, qmax: (x / scale + zp).round().clamp(qmin, qmax).to(torch.int8),
+        lambda x, scale, zp, qmin, qmax: torch.clamp(torch.round(x / scale + zp), qmin, qmax).char())),
 ]

@@ -10,7 +10,7 @@ from fusion_backend import ops, registry, table
 
 def _op_args(p, case, dtype, device):
     args = list(p.make_args(case, dtype, device))
-    bound = dict(zip(p.arg_names, args)) | dict(p.static)
+    bound = registry.op_arguments(p, args)
     return [bound[n] for n, _ in p.params]
 
 
