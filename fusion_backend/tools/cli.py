@@ -55,8 +55,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             print("--tp runs the decode phase (--phase decode), without --quant or --enable", file=sys.stderr)
             return 2
         positions = ints(a.positions)
-        tp_bench.bench(names, pathlib.Path(a.out), ints(a.tp), ints(a.batches), positions[0] if positions else None,
-                       symm_mem=a.symm_mem)
+        tp_bench.bench(names, pathlib.Path(a.out), ints(a.tp), ints(a.batches), positions[0] if positions else None)
         return 0
     if a.cpu or not torch.cuda.is_available():
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
@@ -270,8 +269,6 @@ def parser() -> argparse.ArgumentParser:
                    "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
                    "batch (GPU default batches 1,32, position 1024); without a GPU the tiny models over gloo, "
                    "rules and logits checked. Writes tp.md/.json/.png")
-    b.add_argument("--symm-mem", action="store_true", help="--tp, GPU: the all-reduces as Inductor's one-shot "
-                   "all-reduce over symmetric memory (both backends) instead of NCCL's")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

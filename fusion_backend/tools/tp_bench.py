@@ -74,22 +74,10 @@ def _load(path: str, world: int, device: str, dtype: torch.dtype) -> Any:
     return transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype).eval()
 
 
-def one_shot_all_reduce(model: Any) -> None:
-    """Inductor's own one-shot all-reduce for the model's tensor-parallel groups (symmetric memory, P2P loads; no
-    NVLink multicast) in place of NCCL's, for inputs up to its threshold (128 KB: a decode step's activations)."""
-    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-    from torch.distributed.tensor import DTensor
-    import torch._inductor.config as ic
-
-    for g in {p.device_mesh.get_group().group_name for p in model.parameters() if isinstance(p, DTensor)}:
-        enable_symm_mem_for_group(g)
-    ic._collective.auto_select = True
-
-
 def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: int, device: str, cache_len: int,
-           bw: float | None, symm_mem: bool = False) -> dict:
+           bw: float | None) -> dict:
     """On every rank: one model's step at `batch`, eager (the reference), Inductor and fusekit; the result rank 0
-    keeps. `device` is this rank's; symm_mem: the all-reduces one-shot (one_shot_all_reduce) for both backends."""
+    keeps. `device` is this rank's."""
     from ..backend import backend as fusekit_backend
     from .. import stats
     from .cuda_graphs import capture
@@ -99,11 +87,8 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
     cpu = device == "cpu"
     dtype = getattr(torch, desc["dtype"])
     st = Step(name, device, batch, cache_len, built=(_load(path, world, device, dtype), desc))
-    symm_mem = symm_mem and world > 1 and device != "cpu"
-    if symm_mem:
-        one_shot_all_reduce(st.model)
     res: dict[str, Any] = {**st.desc, "tp": world, "batch": batch, "position": position, "cache_len": st.cache_len,
-                           "all_reduce": "one-shot" if symm_mem else (dist.get_backend() if world > 1 else "-"),
+                           "all_reduce": dist.get_backend() if world > 1 else "-",
                            "backends": {}}
     logits: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -156,7 +141,7 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
 
 
 def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: tuple[int, ...],
-          position: int, cache_len: int, out: str, symm_mem: bool) -> None:
+          position: int, cache_len: int, out: str) -> None:
     os.environ.update(NO_MULTICAST)
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else f"cuda:{rank}"
@@ -173,7 +158,7 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         results = []
         for name, desc, path in jobs:
             for b in batches:
-                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw, symm_mem)
+                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw)
                 if rank == 0:
                     r["copy_gbps"] = bw / 1e9 if bw else None
                     results.append(r)
@@ -243,7 +228,7 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
 
 
 def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tuple[int, ...] | None = None,
-          position: int | None = None, symm_mem: bool = False) -> list[dict]:
+          position: int | None = None) -> list[dict]:
     import torch.multiprocessing as mp
 
     from .e2e import environment
@@ -273,7 +258,7 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
         for tp in tps:
             print(f"[{time.time() - t0:5.0f}s] TP {tp}", flush=True)
             part = pathlib.Path(tmp) / f"tp{tp}.json"
-            mp.spawn(_rank, args=(tp, _free_port(), jobs, batches, position, cache_len, str(part), symm_mem), nprocs=tp)
+            mp.spawn(_rank, args=(tp, _free_port(), jobs, batches, position, cache_len, str(part)), nprocs=tp)
             results += json.loads(part.read_text())
             (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "tp.md").write_text(markdown(results, env))
