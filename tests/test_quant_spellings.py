@@ -1,0 +1,113 @@
+"""Quantization as users write it by hand, inside small models: the spellings without an epsilon or a zero point fire
+the quantize rules (a site per layer) with eager's output to the bit, those whose math differs do not fire, and
+torchao's Int8DynamicActivationInt8WeightConfig activation quantization (another scale formula) is left to Inductor."""
+import pytest
+import torch
+
+from conftest import assert_same, explain
+
+
+def _absmax_i8(x):  # per-token int8 without an epsilon, as a W8A8 model writes it
+    s = x.abs().amax(-1, keepdim=True) / 127
+    return torch.clamp(torch.round(x / s), -128, 127).to(torch.int8), s
+
+
+def _absmax_i8_functions(x):
+    s = torch.amax(torch.abs(x), dim=-1, keepdim=True) / 127.0
+    return (x / s).round().clamp(-128, 127).to(torch.int8), s
+
+
+def _absmax_i8_max_values(x):
+    s = x.abs().max(dim=-1, keepdim=True).values / 127
+    return torch.clamp(torch.round(x / s), -128, 127).char(), s
+
+
+class W8A8(torch.nn.Module):
+    """Linear layers over int8 weights (per-row scales, no zero point) and int8 activations quantized per token."""
+
+    def __init__(self, quantize, dims=(64, 48, 32), upcast=True):
+        super().__init__()
+        self.quantize, self.upcast = quantize, upcast
+        self.w = torch.nn.ParameterList()
+        self.ws = torch.nn.ParameterList()
+        for k, n in zip(dims, dims[1:]):
+            self.w.append(torch.nn.Parameter(torch.randint(-128, 128, (n, k), dtype=torch.int8), requires_grad=False))
+            self.ws.append(torch.nn.Parameter(torch.rand(n) * 0.01 + 1e-3, requires_grad=False))
+
+    def forward(self, x):
+        for w, ws in zip(self.w, self.ws):
+            q, s = self.quantize(x.float() if self.upcast else x)
+            x = ((q.float() @ w.float().t()) * s * ws).to(x.dtype)
+        return x
+
+
+@pytest.mark.parametrize("quantize", [_absmax_i8, _absmax_i8_functions, _absmax_i8_max_values])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hand_written_per_token_int8_fires_per_layer(quantize, dtype):
+    """x.float() first (or x float32 as it is): the op with eps = 0, at every layer, eager's output to the bit."""
+    m = W8A8(quantize, upcast=dtype != torch.float32)
+    x = torch.randn(5, 64, dtype=dtype) * 3  # random rows: never all zero (an all-zero row's scale is 0)
+    with torch.no_grad():
+        rep = explain(m, x)
+        want = m(x)
+    assert rep.sites["quantize.dyn_quant_i8_no_eps"] == len(m.w), str(rep)
+    assert rep.sites["quantize.dyn_quant_i8"] == 0, str(rep)
+    # the fused op's q and s equal eager's, so the layers' int matmuls do too (Inductor computes those)
+    q_op, s_op = torch.ops.fusekit.dyn_quant_i8(x.float(), 0.0)
+    q, s = quantize(x.float())
+    assert_same((q_op, s_op), (q, s))
+    torch.testing.assert_close(rep.output, want, atol=0, rtol=0 if dtype == torch.float32 else 1.6e-2)
+
+
+def test_sixteen_bit_scale_does_not_fire():
+    """x kept in bfloat16: the absmax / 127 and the quotient are bfloat16 (another scale than the op's float32 one),
+    so no rule may take it. (Inductor's own code keeps the quotient in float32: ~10% of its int8s differ from
+    eager's by one; fusekit's output is Inductor's.)"""
+    x = torch.randn(4, 64, dtype=torch.bfloat16) * 3
+    rep = explain(_absmax_i8, x)
+    assert sum(n for pid, n in rep.sites.items() if pid.startswith("quantize.")) == 0, str(rep)
+    torch._dynamo.reset()
+    assert_same(rep.output, torch.compile(_absmax_i8, backend="inductor")(x))
+
+
+def test_hand_written_fp8_and_symmetric_weights_fire():
+    """Per-row fp8 without an epsilon, and int8 per-channel / per-tensor quantization without a zero point."""
+    fp8 = torch.float8_e4m3fn
+
+    def fn(x, w, col_scale, row_scale):
+        xf = x.float()
+        s = xf.abs().amax(-1, keepdim=True) / 448.0
+        x8 = (xf / s).clamp(-448.0, 448.0).to(fp8)
+        wq_col = torch.clamp(torch.round(w / col_scale), -128, 127).to(torch.int8)
+        wq_row = torch.clamp(torch.round(w / row_scale), -127, 127).to(torch.int8)
+        xq = torch.clamp(torch.round(x / 0.05), -128, 127).to(torch.int8)
+        return x8, s, wq_col, wq_row, xq
+
+    x = torch.randn(6, 64, dtype=torch.float16) * 3
+    w = torch.randn(32, 64, dtype=torch.float16) * 4
+    col, row = torch.rand(64) * 0.2 + 0.01, torch.rand(32, 1) * 0.2 + 0.01
+    rep = explain(fn, x, w, col, row, patterns=["quantize.quant_i8_no_zp", "quantize.quant_i8_per_col_no_zp",
+                                                "quantize.quant_i8_per_row_no_zp", "quantize.dyn_quant_fp8_no_eps"])
+    for pid in ("quantize.dyn_quant_fp8_no_eps", "quantize.quant_i8_per_col_no_zp",
+                "quantize.quant_i8_per_row_no_zp", "quantize.quant_i8_no_zp"):
+        assert rep.sites[pid] == 1, (pid, str(rep))
+    want = fn(x, w, col, row)
+    assert_same(rep.output[0].view(torch.uint8), want[0].view(torch.uint8))  # fp8: compared as bits
+    assert_same(rep.output[1:], want[1:])
+
+
+def test_torchao_int8_dynamic_activation_is_not_dyn_quant_i8():
+    """torchao 0.18's Int8DynamicActivationInt8WeightConfig quantizes activations per token with another formula
+    (scale = max(-min(x), max(x)) / 127.5, clamped to float32's eps, x * (1 / scale)): no quantize rule takes it,
+    and the compiled model equals Inductor's. Skipped without torchao."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    for dt in (torch.float32, torch.bfloat16):
+        m = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False), torch.nn.Linear(48, 32, bias=False)).to(dt)
+        quantize_(m, Int8DynamicActivationInt8WeightConfig())
+        x = torch.randn(3, 64, dtype=dt)
+        rep = explain(m, x)
+        assert sum(n for pid, n in rep.sites.items() if pid.startswith("quantize.")) == 0, str(rep)
+        torch._dynamo.reset()
+        torch.testing.assert_close(rep.output, torch.compile(m, backend="inductor")(x), atol=0, rtol=0)
