@@ -4,6 +4,7 @@
     print(fusion_backend.explain(model, x))      # what fused, what nearly did and why
 """
 from . import ops  # noqa: F401 - defines torch.ops.fusekit.*
+from . import collectives  # noqa: F401 - defines torch.ops.fusekit.all_reduce_one_shot
 from .backend import backend, fusekit
 from .report import Report, explain, report
 from .verify import FusekitVerificationError

@@ -28,9 +28,12 @@ _BASE = dict(num_hidden_layers=LAYERS, vocab_size=512, max_position_embeddings=2
 # family: (config class, {rule: sites expected per rank: one per layer, the LM head one in all})
 MODELS = {
     "llama": ("LlamaConfig", {"decode.gqa": LAYERS, "decode_gemm.qkv": LAYERS, "decode_gemm.gate_up_silu": LAYERS,
-                              "decode_gemm.linear": 2 * LAYERS + 1}),  # o and down (row shards), the LM head
+                              "decode_gemm.linear": 2 * LAYERS + 1,  # o and down (row shards), the LM head
+                              # the all-reduces after o, down and the embedding (row shards)
+                              "collective.all_reduce_one_shot": 2 * LAYERS + 1}),
     "qwen2": ("Qwen2Config", {"decode.gqa": LAYERS, "decode_gemm.qkv_bias": LAYERS,
-                              "decode_gemm.gate_up_silu": LAYERS, "decode_gemm.linear": 2 * LAYERS + 1}),
+                              "decode_gemm.gate_up_silu": LAYERS, "decode_gemm.linear": 2 * LAYERS + 1,
+                              "collective.all_reduce_one_shot": 2 * LAYERS + 1}),
 }
 
 
@@ -106,8 +109,21 @@ def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
     fk, ind = r["backends"]["fusekit"], r["backends"]["inductor"]
     assert (r["tp"], r["all_reduce"], fk["errors"]) == (2, "gloo", 0)
     assert fk["sites"] == {"decode.mqa": 2, "decode_gemm.qkv": 2, "decode_gemm.gate_up_silu": 2,
-                           "decode_gemm.linear": 5}, fk["sites"]
+                           "decode_gemm.linear": 5, "collective.all_reduce_one_shot": 5}, fk["sites"]
     assert fk["max_abs_vs_eager"] < 1e-4 and ind["max_abs_vs_eager"] < 1e-4
     assert "ms" not in fk and "speedup" not in r  # untimed on CPU
     assert json.loads((tmp_path / "tp.json").read_text())["steps"][0]["tp"] == 2
     assert "| llama | 2 | gloo | 2 |" in (tmp_path / "tp.md").read_text()
+
+
+def test_collective_rewrite_options():
+    """The all-reduce rewrite is on by default, off when disabled by id or family, and off where the user names the
+    rules that fire without it."""
+    from fusion_backend.options import parse
+
+    assert parse(None, None)[0].collectives
+    assert not parse(None, {"disable": ["collective"]})[0].collectives
+    assert not parse(None, {"disable": "collective.all_reduce_one_shot"})[0].collectives
+    assert not parse(None, {"patterns": ["decode"]})[0].collectives
+    on = parse(None, {"patterns": ["decode", "collective"]})[0]
+    assert on.collectives and on.patterns and all(p.startswith("decode.") for p in on.patterns)

@@ -187,7 +187,7 @@ def markdown(results: list[dict], env: dict) -> str:
              "StaticCache, CUDA graphs for both backends; ms per step of the slowest rank (median of "
              f"{ROUNDS} rounds of {REPS} replays); floor: the rank's weight shards + KV rows at the copy bandwidth.",
              "",
-             "| model | TP | all-reduce | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
+             "| model | TP | process group | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
              "| max abs vs eager (Inductor / fusekit) | compile fusekit / Inductor | rules fired (rank 0) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f3 = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
