@@ -27,7 +27,8 @@ RULE = "collective.all_reduce_one_shot"
 FAMILY = "collective"
 # Measured faster than NCCL up to 64 rows of 2048 bf16 (256 KB) on 2 H200s; larger messages (prefill) stay NCCL's
 MAX_BYTES = 256 * 1024
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = (torch.bfloat16, torch.float32)  # what torch's one-shot kernel dispatches (no float16)
+ALIGN = 16  # bytes: the kernel's vector width; the symmetric buffer and the local rows must share it
 
 c10d = torch.ops._c10d_functional
 
@@ -54,7 +55,12 @@ def _one_shot(x: Tensor, group_name: str) -> Tensor:
     reaches it in the same order) on the first call, which a CUDA graph's warm-up makes before its capture."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    torch._check(x.dtype in DTYPES, lambda: f"fusekit::all_reduce_one_shot: dtype {x.dtype} (float16/bfloat16/float32)")
+    torch._check(x.dtype in DTYPES, lambda: f"fusekit::all_reduce_one_shot: dtype {x.dtype} (bfloat16/float32)")
+    torch._check(x.numel() * x.element_size() % ALIGN == 0,
+                 lambda: f"fusekit::all_reduce_one_shot: {x.numel() * x.element_size()} bytes, not a multiple of {ALIGN}")
+    x = x.contiguous()
+    if x.data_ptr() % ALIGN:  # a view at an odd offset: the kernel wants the buffer's alignment
+        x = x.clone()
     key = (group_name, tuple(x.shape), x.dtype, x.device.index)
     buf = _BUFFERS.get(key)
     if buf is None:
@@ -63,7 +69,7 @@ def _one_shot(x: Tensor, group_name: str) -> Tensor:
         buf = symm_mem.empty(x.shape, dtype=x.dtype, device=x.device)
         symm_mem.rendezvous(buf, group_name)
         _BUFFERS[key] = buf
-    return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x.contiguous(), "sum", group_name)
+    return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x, "sum", group_name)
 
 
 def _group_is_local(group_name: str) -> bool:
@@ -87,19 +93,36 @@ def _why_not(x: torch.fx.Node, op: str, group: object, cpu_reference: bool) -> s
     if op != "sum" or not isinstance(group, str):
         return f"reduce op {op!r}: only sums"
     if not isinstance(val, Tensor) or val.dtype not in DTYPES:
-        return "dtype: float16/bfloat16/float32 only"
+        return "dtype: bfloat16/float32 only (torch's one-shot kernel)"
     if val.device.type != "cuda" and not (cpu_reference and val.device.type == "cpu"):
         return f"device {val.device.type}"
     if not all(isinstance(d, int) for d in val.shape):
         return "symbolic shape: one symmetric buffer per shape"
     nbytes = val.numel() * val.element_size()
+    if nbytes % ALIGN:
+        return f"{nbytes} bytes: not a multiple of {ALIGN}"
     if nbytes > MAX_BYTES:
         return f"{nbytes} bytes (> {MAX_BYTES}): NCCL's ring is the faster one there"
     if val.device.type == "cuda" and not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
         return "this torch has no symm_mem.one_shot_all_reduce_copy"
     if not _group_is_local(group):
         return "the group's ranks are not all on this host (LOCAL_WORLD_SIZE)"
+    if val.device.type == "cuda" and not _peers_reachable():
+        return "this host's GPUs cannot all read each other's memory (peer access)"
     return None
+
+
+def environment() -> tuple[str | None, int]:
+    """What the rewrite's choice reads besides the graph (for the pass's cache key): the launcher's local world
+    size and this host's GPU count."""
+    return os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count()
+
+
+def _peers_reachable() -> bool:
+    """Every pair of this host's GPUs that the local ranks use has peer access (NVLink or PCIe P2P), which symmetric
+    memory needs."""
+    n = min(int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0), torch.cuda.device_count())
+    return n > 1 and all(torch.cuda.can_device_access_peer(a, b) for a in range(n) for b in range(n) if a != b)
 
 
 def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:

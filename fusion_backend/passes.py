@@ -58,7 +58,7 @@ class FusekitPass(CustomGraphPass):
         user_uuid = self.user_pass.uuid() if self.user_pass is not None else None
         h.update(json.dumps({"opts": dataclasses.asdict(self.options), "ext": _ext.build_id(),
                              "loaded": _ext.loaded_state(), "user": user_uuid,
-                             "torch": torch.__version__}).encode())
+                             "torch": torch.__version__, "collectives": collectives.environment()}).encode())
         return h.hexdigest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:

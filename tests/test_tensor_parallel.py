@@ -3,7 +3,6 @@ CPU: DTensor weights, functional all-reduces in the graph), one StaticCache deco
 cpu_reference. On every rank the decode rules fire on that rank's shard at every layer (fewer heads: Llama's 8/4
 heads are 4/2 per rank, grouped; narrower q/k/v and gate/up), and the logits equal the unsharded model's."""
 import os
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from fusion_backend.tools.decode_bench import cache_restorer  # noqa: E402
+from fusion_backend.tools.tp_bench import free_port  # noqa: E402
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
@@ -73,12 +73,6 @@ def _rank(rank, path, port, tokens, expected, want):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_tp2_decode_rules_fire_on_each_rank_and_match_unsharded(name, tmp_path):
@@ -93,7 +87,7 @@ def test_tp2_decode_rules_fire_on_each_rank_and_match_unsharded(name, tmp_path):
     step = _step(model, cache, tokens)
     with torch.no_grad():
         want = model(tokens[:, PROMPT:], **step).logits
-    mp.spawn(_rank, args=(str(tmp_path), _free_port(), tokens, expected, want), nprocs=WORLD)
+    mp.spawn(_rank, args=(str(tmp_path), free_port(), tokens, expected, want), nprocs=WORLD)
 
 
 @pytest.mark.slow

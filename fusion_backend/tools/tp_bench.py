@@ -32,7 +32,7 @@ REPS = 50
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -258,7 +258,7 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
         for tp in tps:
             print(f"[{time.time() - t0:5.0f}s] TP {tp}", flush=True)
             part = pathlib.Path(tmp) / f"tp{tp}.json"
-            mp.spawn(_rank, args=(tp, _free_port(), jobs, batches, position, cache_len, str(part)), nprocs=tp)
+            mp.spawn(_rank, args=(tp, free_port(), jobs, batches, position, cache_len, str(part)), nprocs=tp)
             results += json.loads(part.read_text())
             (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "tp.md").write_text(markdown(results, env))
