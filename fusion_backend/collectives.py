@@ -15,6 +15,7 @@ where every rank of the group is on this host (``LOCAL_WORLD_SIZE``), on CUDA te
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -85,31 +86,40 @@ def _group_is_local(group_name: str) -> bool:
         size = dist.get_world_size(_resolve_process_group(group_name))
     except Exception:  # noqa: BLE001 - an unknown group: leave it to Inductor
         return False
-    return 1 < size <= int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    return 1 < size <= _local_world_size()
 
 
-def _why_not(x: torch.fx.Node, op: str, group: object, cpu_reference: bool) -> str | None:
+def _why_not(x: torch.fx.Node, op: str, group: object, cpu_reference: bool) -> tuple[str, bool] | None:
+    """(why the all-reduce stays NCCL's, whether that is a measured choice rather than what the op cannot take), or
+    None where it is rewritten."""
     val = x.meta.get("val")
-    if op != "sum" or not isinstance(group, str):
-        return f"reduce op {op!r}: only sums"
+    if op != "sum":
+        return f"reduce op {op!r}: only sums", False
+    if not isinstance(group, str):
+        return f"group {group!r}: not a process-group name", False
     if not isinstance(val, Tensor) or val.dtype not in DTYPES:
-        return "dtype: bfloat16/float32 only (torch's one-shot kernel)"
+        return "dtype: bfloat16/float32 only (torch's one-shot kernel)", False
     if val.device.type != "cuda" and not (cpu_reference and val.device.type == "cpu"):
-        return f"device {val.device.type}"
+        return f"device {val.device.type}", False
     if not all(isinstance(d, int) for d in val.shape):
-        return "symbolic shape: one symmetric buffer per shape"
+        return "symbolic shape: one symmetric buffer per shape", False
     nbytes = val.numel() * val.element_size()
     if nbytes % ALIGN:
-        return f"{nbytes} bytes: not a multiple of {ALIGN}"
+        return f"{nbytes} bytes: not a multiple of {ALIGN}", False
     if nbytes > MAX_BYTES:
-        return f"{nbytes} bytes (> {MAX_BYTES}): NCCL's ring is the faster one there"
+        return f"{nbytes} bytes (> {MAX_BYTES}): NCCL's ring is the faster one there", True
     if val.device.type == "cuda" and not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
-        return "this torch has no symm_mem.one_shot_all_reduce_copy"
+        return "this torch has no symm_mem.one_shot_all_reduce_copy", False
     if not _group_is_local(group):
-        return "the group's ranks are not all on this host (LOCAL_WORLD_SIZE)"
-    if val.device.type == "cuda" and not _peers_reachable():
-        return "this host's GPUs cannot all read each other's memory (peer access)"
+        return "the group's ranks are not all on this host (LOCAL_WORLD_SIZE)", False
+    if val.device.type == "cuda" and not _peers_reachable(min(_local_world_size(), torch.cuda.device_count())):
+        return "this host's GPUs cannot all read each other's memory (peer access)", False
     return None
+
+
+def _local_world_size() -> int:
+    """The launcher's count of ranks on this host (torchrun, transformers' tensor-parallel loading); 0 if unset."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
 
 
 def environment() -> tuple[str | None, int]:
@@ -118,10 +128,10 @@ def environment() -> tuple[str | None, int]:
     return os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count()
 
 
-def _peers_reachable() -> bool:
-    """Every pair of this host's GPUs that the local ranks use has peer access (NVLink or PCIe P2P), which symmetric
-    memory needs."""
-    n = min(int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0), torch.cuda.device_count())
+@functools.cache
+def _peers_reachable(n: int) -> bool:
+    """Every pair of this host's first n GPUs (those the local ranks use) has peer access (NVLink or PCIe P2P), which
+    symmetric memory needs; asked once per n, not at every all-reduce of every graph."""
     return n > 1 and all(torch.cuda.can_device_access_peer(a, b) for a in range(n) for b in range(n) if a != b)
 
 
@@ -136,8 +146,7 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
         x, op, group = ar.args[:3]
         why = _why_not(x, op, group, cpu_reference)
         if why is not None:
-            # the size limit is a measured choice (policy); the rest, what the op cannot take
-            record.near_misses.append(NearMiss(RULE, describe(ar), why, policy="NCCL's ring" in why))
+            record.near_misses.append(NearMiss(RULE, describe(ar), *why))
             continue
         with graph.inserting_before(wait):
             new = graph.call_function(torch.ops.fusekit.all_reduce_one_shot.default, (x, group))

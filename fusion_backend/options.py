@@ -33,7 +33,7 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     """-> (fusekit's Options, Inductor's config patches: the mode's, then every other key of `options`)."""
     from torch._inductor import list_mode_options
 
-    from . import table
+    from . import collectives, table
 
     opts = dict(options or {})
     opt_mode = opts.pop("mode", None)
@@ -49,7 +49,7 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
         raise ValueError("fusekit: options['patterns'] and ['enable'] together; name every rule in 'patterns'")
     off = _as_names(disable, "disable") if disable else ()
     # the collective rewrite is not a table rule: on unless disabled, or left out of a list of named rules
-    coll = ("collective", "collective.all_reduce_one_shot")
+    coll = (collectives.FAMILY, collectives.RULE)
     collectives = not any(n in coll for n in off) and (named is None or any(n in coll for n in named))
     off = tuple(n for n in off if n not in coll)
     named = None if named is None else tuple(n for n in named if n not in coll)

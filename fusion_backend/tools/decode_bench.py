@@ -227,6 +227,27 @@ def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) 
     return torch.compile(model, backend=fusekit_backend(options=fusekit_options(cpu, enable)))
 
 
+def first_call(st: Step, fn: Callable[..., Any], position: int, cpu: bool) -> tuple[torch.Tensor, float, Report]:
+    """`fn`'s first step at `position` from the cache as filled (a compiled fn compiles here): its logits, the
+    seconds it took, and the report of what fusekit fused in that compile."""
+    st.restore()
+    st.at(position)
+    with stats.collect() as records, no_compile_caches():
+        t0 = time.perf_counter()
+        logits = st(fn).float()
+        if not cpu:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+    return logits, seconds, Report(list(records))
+
+
+def step_sites(rep: Report) -> dict[str, Any]:
+    """A step's fused sites, the near misses of a layer's attention and GEMMs, and the count of rule errors."""
+    return {"sites": {k: v for k, v in rep.sites.items() if v},
+            "near_misses": [g for g in near_miss_groups(rep) if g["pattern"].split(".")[0] in STEP_FAMILIES],
+            "errors": len(rep.errors)}
+
+
 def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, cache_len: int, bw: float | None,
               log: Callable[[str], None] = print, enable: tuple[str, ...] = (), quant: str | None = None) -> dict:
     cpu = device == "cpu"
@@ -242,21 +263,10 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
         for be in BACKENDS:  # compiled side by side: Dynamo keeps one cache entry per backend
             fn = _compile(be, st.model, cpu, enable)
             fns.append(fn)
-            st.restore()
-            st.at(positions[0])
-            with stats.collect() as records, no_compile_caches():
-                t0 = time.perf_counter()
-                logits[be] = st(fn).float()
-                if not cpu:
-                    torch.cuda.synchronize()
-                compile_s = time.perf_counter() - t0
+            logits[be], compile_s, rep = first_call(st, fn, positions[0], cpu)
             info: dict[str, Any] = {"compile_s": compile_s if be != "eager" else None}
             if be == "fusekit":
-                rep = Report(list(records))
-                info["sites"] = {k: v for k, v in rep.sites.items() if v}
-                info["near_misses"] = [g for g in near_miss_groups(rep) if g["pattern"].split(".")[0] in STEP_FAMILIES]
-                info["errors"] = len(rep.errors)
-                info["report"] = str(rep)
+                info.update(step_sites(rep), report=str(rep))
             res["backends"][be] = info
             steps[be] = st.repeated(fn)
         # Timed in interleaved rounds (every backend once per round): a slow host drifts from run to run,

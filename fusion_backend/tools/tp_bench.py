@@ -20,10 +20,11 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import models
-from .decode_bench import Step, copy_bandwidth, fusekit_options
-from ..report import Report, near_miss_groups, no_compile_caches
+from .cuda_graphs import capture
+from .decode_bench import Step, _compile, copy_bandwidth, first_call, step_sites
 
 BACKENDS = ("inductor", "fusekit")
 ROUNDS = 5  # interleaved rounds; each times REPS replays of each backend's graph
@@ -38,10 +39,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def init_rank(rank: int, world: int, port: int, backend: str) -> None:
+    """This process as rank `rank` of `world` on this host, as torchrun would start it (transformers' tensor-parallel
+    loading and fusekit's collective rewrite read LOCAL_RANK / LOCAL_WORLD_SIZE)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group(backend, rank=rank, world_size=world)
+
+
 def _max_over_ranks(x: float, device: str) -> float:
     """The largest of each rank's x (a step is as slow as its slowest rank); x itself without a process group."""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         return x
     t = torch.tensor([x], dtype=torch.float64, device=device)
@@ -52,8 +59,6 @@ def _max_over_ranks(x: float, device: str) -> float:
 def _ms_per_call(fn, device: str) -> float:
     """ms per call of fn over REPS back-to-back calls, every rank starting together (a fixed count: ranks that chose
     their own counts, as do_bench does, would wait on each other's collectives forever)."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()
     torch.cuda.synchronize()
@@ -78,42 +83,21 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
            bw: float | None) -> dict:
     """On every rank: one model's step at `batch`, eager (the reference), Inductor and fusekit; the result rank 0
     keeps. `device` is this rank's."""
-    from ..backend import backend as fusekit_backend
-    from .. import stats
-    from .cuda_graphs import capture
-
-    import torch.distributed as dist
-
     cpu = device == "cpu"
     dtype = getattr(torch, desc["dtype"])
     st = Step(name, device, batch, cache_len, built=(_load(path, world, device, dtype), desc))
     res: dict[str, Any] = {**st.desc, "tp": world, "batch": batch, "position": position, "cache_len": st.cache_len,
-                           "all_reduce": dist.get_backend() if world > 1 else "-",
+                           "process_group": dist.get_backend() if world > 1 else "-",
                            "backends": {}}
     logits: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         torch._dynamo.reset()
-        st.restore()
-        st.at(position)
-        logits["eager"] = st(st.model).float()
+        logits["eager"] = first_call(st, st.model, position, cpu)[0]
         steps = {}
         for be in BACKENDS:
-            fn = torch.compile(st.model) if be == "inductor" else torch.compile(
-                st.model, backend=fusekit_backend(options=fusekit_options(cpu)))
-            st.restore()
-            st.at(position)
-            with stats.collect() as records, no_compile_caches():
-                t0 = time.perf_counter()
-                logits[be] = st(fn).float()
-                if not cpu:
-                    torch.cuda.synchronize()
-                info: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
-            if be == "fusekit":
-                rep = Report(list(records))
-                info["sites"] = {k: v for k, v in rep.sites.items() if v}
-                info["near_misses"] = [g for g in near_miss_groups(rep)
-                                       if g["pattern"].split(".")[0] in ("decode", "decode_gemm")]
-                info["errors"] = len(rep.errors)
+            fn = _compile(be, st.model, cpu)
+            logits[be], compile_s, rep = first_call(st, fn, position, cpu)
+            info: dict[str, Any] = {"compile_s": compile_s, **(step_sites(rep) if be == "fusekit" else {})}
             info["max_abs_vs_eager"] = (logits[be] - logits["eager"]).abs().max().item()
             res["backends"][be] = info
             steps[be] = st.repeated(fn)
@@ -145,14 +129,10 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
     os.environ.update(NO_MULTICAST)
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else f"cuda:{rank}"
-    import torch.distributed as dist
-
     if world > 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         if not cpu:
             torch.cuda.set_device(rank)
-        dist.init_process_group("gloo" if cpu else "nccl", rank=rank, world_size=world)
+        init_rank(rank, world, port, "gloo" if cpu else "nccl")
     try:
         bw = None if cpu else copy_bandwidth(device)
         results = []
@@ -174,7 +154,7 @@ def _line(r: dict) -> str:
     i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
     timed = (f"  {i['ms']:.3f} -> {f['ms']:.3f} ms ({r['speedup']:.2f}x, floor {r['floor_frac']:.0%})"
              if "ms" in f else "")
-    return (f"  {r['model']:8s} tp{r['tp']} {r['all_reduce']:8s} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
+    return (f"  {r['model']:8s} tp{r['tp']} {r['process_group']:8s} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
             f" inductor {i['max_abs_vs_eager']:.2e}  fused {f['sites']}")
 
 
@@ -194,7 +174,7 @@ def markdown(results: list[dict], env: dict) -> str:
     for r in results:
         i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
         lines.append(
-            f"| {r['model']} | {r['tp']} | {r['all_reduce']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
+            f"| {r['model']} | {r['tp']} | {r['process_group']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
             + (f"{r['speedup']:.2f}x | {r['floor_ms']:.3f} | {r['floor_frac']:.0%} | " if "speedup" in r
                else "- | - | - | ")
             + f"{i['max_abs_vs_eager']:.2e} / {f['max_abs_vs_eager']:.2e} | "
@@ -254,7 +234,8 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
             model.save_pretrained(f"{tmp}/{name}")
             jobs.append((name, desc, f"{tmp}/{name}"))
             del model
-        torch.cuda.empty_cache() if not cpu else None
+        if not cpu:
+            torch.cuda.empty_cache()
         for tp in tps:
             print(f"[{time.time() - t0:5.0f}s] TP {tp}", flush=True)
             part = pathlib.Path(tmp) / f"tp{tp}.json"
