@@ -15,7 +15,8 @@ class Options:
     cpu_reference: bool = False        # rules fire on CPU tensors too, running each op's reference
     verify: bool = False               # each rewritten site checks itself against its reference once
     report: bool = False               # explain reused intermediates and keep the graph's code
-    collectives: bool = True           # small tensor-parallel all-reduces one-shot (collectives.py)
+    # the rewrites of tensor-parallel all-reduces that are on (collectives.py: one-shot, fused with add + RMSNorm)
+    collectives: tuple[str, ...] = ()
     # Inductor settings the pass may set, per family, where one of the family's rules fired (the backend offers
     # those of registry.InductorSettings that the device and the user's own options allow): (family, keys).
     inductor: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -48,15 +49,23 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     if named is not None and extra:
         raise ValueError("fusekit: options['patterns'] and ['enable'] together; name every rule in 'patterns'")
     off = _as_names(disable, "disable") if disable else ()
-    # the collective rewrite is not a table rule: on unless disabled, or left out of a list of named rules
-    coll = (collectives.FAMILY, collectives.RULE)
-    collectives = not any(n in coll for n in off) and (named is None or any(n in coll for n in named))
+    # the collective rewrites are not table rules: on unless disabled, or left out of a list of named rules (the
+    # family's name stands for both; the fused one needs the one-shot one)
+    coll = (collectives.FAMILY, *collectives.RULES)
+
+    def on(rule: str) -> bool:
+        return not any(n in (collectives.FAMILY, rule) for n in off) and (
+            named is None or any(n in (collectives.FAMILY, rule) for n in named))
+
+    norm = on(collectives.NORM_RULE) and collectives.RULE not in off  # (naming it alone names the one-shot too)
+    coll_on = tuple(r for r, v in ((collectives.RULE, on(collectives.RULE) or norm), (collectives.NORM_RULE, norm))
+                    if v)
     off = tuple(n for n in off if n not in coll)
     named = None if named is None else tuple(n for n in named if n not in coll)
     fk = Options(
         patterns=table.select(named, off),
         forced=table.select(named) if named is not None else table.select(extra, off) if extra else (),
-        collectives=collectives,
+        collectives=coll_on,
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
         report=bool(opts.pop("report", False)),

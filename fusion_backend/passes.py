@@ -109,7 +109,7 @@ class FusekitPass(CustomGraphPass):
                 unpad.restore(graph, padded)
                 absorb_output_casts(graph, record)
                 if self.options.collectives:
-                    collectives.rewrite(graph, record, self.options.cpu_reference)
+                    collectives.rewrite(graph, record, self.options.cpu_reference, self.options.collectives)
                 return
             except SiteFailure as f:
                 _restore(graph, backup)

@@ -54,7 +54,7 @@ class Report:
         miss = collections.Counter(m.pattern for m in self.near_misses)
         err = collections.Counter(e.pattern for e in self.errors)
         # rewrites outside the tables (collectives.py) where they did something
-        ids += [i for i in (*self.sites, *miss) if i not in ids and i != "<pass>"]
+        ids += [i for i in dict.fromkeys((*self.sites, *miss)) if i not in ids and i != "<pass>"]
         return [{"pattern": i, "sites": self.sites[i], "nodes_replaced": self.nodes_replaced[i],
                  "near_misses": miss[i], "errors": err[i]} for i in ids]
 

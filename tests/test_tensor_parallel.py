@@ -28,11 +28,12 @@ _BASE = dict(num_hidden_layers=LAYERS, vocab_size=512, max_position_embeddings=2
 MODELS = {
     "llama": ("LlamaConfig", {"decode.gqa": LAYERS, "decode_gemm.qkv": LAYERS, "decode_gemm.gate_up_silu": LAYERS,
                               "decode_gemm.linear": 2 * LAYERS + 1,  # o and down (row shards), the LM head
-                              # the all-reduces after o, down and the embedding (row shards)
-                              "collective.all_reduce_one_shot": 2 * LAYERS + 1}),
+                              # the all-reduces after o and down (then the residual add and the next RMSNorm) and
+                              # the embedding's (then the first RMSNorm)
+                              "collective.all_reduce_add_rms_norm": 2 * LAYERS + 1}),
     "qwen2": ("Qwen2Config", {"decode.gqa": LAYERS, "decode_gemm.qkv_bias": LAYERS,
                               "decode_gemm.gate_up_silu": LAYERS, "decode_gemm.linear": 2 * LAYERS + 1,
-                              "collective.all_reduce_one_shot": 2 * LAYERS + 1}),
+                              "collective.all_reduce_add_rms_norm": 2 * LAYERS + 1}),
 }
 
 
@@ -62,10 +63,20 @@ def _rank(rank, path, port, tokens, expected, want):
         assert not rep.errors, str(rep)
         for rule, sites in expected.items():
             assert rep.sites[rule] == sites, f"rank {rank}: {rule}\n{rep}"
+        assert rep.sites["collective.all_reduce_one_shot"] == 0, str(rep)
         got = rep.output.logits
         assert not isinstance(got, DTensor) and not isinstance(eager, DTensor)  # the LM head gathers its shards
         torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # the unsharded model's
+        # without the norm fusion every all-reduce is a plain one-shot one, and the logits the same
+        restore()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            rep = fusion_backend.explain(model, tokens[:, PROMPT:], **step, options={
+                "cpu_reference": True, "disable": ["collective.all_reduce_add_rms_norm"]})
+        assert (rep.sites["collective.all_reduce_one_shot"], rep.sites["collective.all_reduce_add_rms_norm"]) == (
+            2 * LAYERS + 1, 0), str(rep)
+        torch.testing.assert_close(rep.output.logits, want, rtol=1e-4, atol=1e-4)
     finally:
         dist.destroy_process_group()
 
@@ -100,7 +111,7 @@ def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
     fk, ind = r["backends"]["fusekit"], r["backends"]["inductor"]
     assert (r["tp"], r["process_group"], fk["errors"]) == (2, "gloo", 0)
     assert fk["sites"] == {"decode.mqa": 2, "decode_gemm.qkv": 2, "decode_gemm.gate_up_silu": 2,
-                           "decode_gemm.linear": 5, "collective.all_reduce_one_shot": 5}, fk["sites"]
+                           "decode_gemm.linear": 5, "collective.all_reduce_add_rms_norm": 5}, fk["sites"]
     assert fk["max_abs_vs_eager"] < 1e-4 and ind["max_abs_vs_eager"] < 1e-4
     assert "ms" not in fk and "speedup" not in r  # untimed on CPU
     assert json.loads((tmp_path / "tp.json").read_text())["steps"][0]["tp"] == 2
@@ -108,8 +119,8 @@ def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
 
 
 def test_collective_rewrite_options():
-    """The all-reduce rewrite is on by default, off when disabled by id or family, and off where the user names the
-    rules that fire without it."""
+    """The all-reduce rewrites are on by default, off when disabled by id or family, and off where the user names the
+    rules that fire without them; the fused add + RMSNorm needs the one-shot rewrite."""
     from fusion_backend.options import parse
 
     assert parse(None, None)[0].collectives
@@ -118,3 +129,8 @@ def test_collective_rewrite_options():
     assert not parse(None, {"patterns": ["decode"]})[0].collectives
     on = parse(None, {"patterns": ["decode", "collective"]})[0]
     assert on.collectives and on.patterns and all(p.startswith("decode.") for p in on.patterns)
+    shot, norm = "collective.all_reduce_one_shot", "collective.all_reduce_add_rms_norm"
+    assert parse(None, None)[0].collectives == (shot, norm)
+    assert parse(None, {"disable": norm})[0].collectives == (shot,)
+    assert parse(None, {"patterns": [shot]})[0].collectives == (shot,)
+    assert parse(None, {"patterns": [norm]})[0].collectives == (shot, norm)  # the fused rule takes one-shot sites

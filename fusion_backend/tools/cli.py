@@ -48,6 +48,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     enable = tuple(a.enable.split(",")) if a.enable else ()
     if enable and "decode" not in phases:
         print("note: --enable applies to the decode phase", file=sys.stderr)
+    if a.ablate and not a.tp:
+        print("--ablate goes with --tp", file=sys.stderr)
+        return 2
     if a.tp:
         from . import tp_bench
 
@@ -55,7 +58,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
             print("--tp runs the decode phase (--phase decode), without --quant or --enable", file=sys.stderr)
             return 2
         positions = ints(a.positions)
-        tp_bench.bench(names, pathlib.Path(a.out), ints(a.tp), ints(a.batches), positions[0] if positions else None)
+        tp_bench.bench(names, pathlib.Path(a.out), ints(a.tp), ints(a.batches), positions[0] if positions else None,
+                       tuple(a.ablate.split(",")) if a.ablate else ())
         return 0
     if a.cpu or not torch.cuda.is_available():
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
@@ -269,6 +273,8 @@ def parser() -> argparse.ArgumentParser:
                    "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
                    "batch (GPU default batches 1,32, position 1024); without a GPU the tiny models over gloo, "
                    "rules and logits checked. Writes tp.md/.json/.png")
+    b.add_argument("--ablate", default=None, help="--tp: comma-separated rule ids; each also timed as fusekit with "
+                   "that rule off (options={'disable': [id]}), e.g. collective.all_reduce_add_rms_norm")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

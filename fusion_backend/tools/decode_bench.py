@@ -210,13 +210,14 @@ def _ms(fn: Callable[[], Any], cpu: bool) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def fusekit_options(cpu: bool, enable: tuple[str, ...] = ()) -> dict[str, Any] | None:
-    """The bench's fusekit options: the CPU references where there is no GPU, and the opt-in rules named."""
-    opts = {**({"cpu_reference": True} if cpu else {}), **({"enable": list(enable)} if enable else {})}
+def fusekit_options(cpu: bool, enable: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The bench's fusekit options: the CPU references where there is no GPU, and the opt-in (or off) rules named."""
+    opts = {**({"cpu_reference": True} if cpu else {}), **({"enable": list(enable)} if enable else {}),
+            **({"disable": list(disable)} if disable else {})}
     return opts or None
 
 
-def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) -> Any:
+def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> Any:
     """Default dynamism: a sliding-window cache's length counter is a Python int that changes every step (one
     recompile makes it symbolic; dynamic=False would recompile every step). No Dynamo reset here: the
     backends' compiled steps live side by side, and are timed in interleaved rounds."""
@@ -224,7 +225,7 @@ def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) 
         return model
     if backend == "inductor":
         return torch.compile(model)
-    return torch.compile(model, backend=fusekit_backend(options=fusekit_options(cpu, enable)))
+    return torch.compile(model, backend=fusekit_backend(options=fusekit_options(cpu, enable, disable)))
 
 
 def first_call(st: Step, fn: Callable[..., Any], position: int, cpu: bool) -> tuple[torch.Tensor, float, Report]:

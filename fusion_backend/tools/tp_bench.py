@@ -27,6 +27,7 @@ from .cuda_graphs import capture
 from .decode_bench import Step, _compile, copy_bandwidth, first_call, step_sites
 
 BACKENDS = ("inductor", "fusekit")
+WITHOUT = "fusekit without "  # an ablation's backend: fusekit with one rule off (--ablate)
 ROUNDS = 5  # interleaved rounds; each times REPS replays of each backend's graph
 REPS = 50
 # The machine's NVLink multicast stays off (it can take the host's GPUs down): set for the ranks too
@@ -80,9 +81,9 @@ def _load(path: str, world: int, device: str, dtype: torch.dtype) -> Any:
 
 
 def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: int, device: str, cache_len: int,
-           bw: float | None) -> dict:
-    """On every rank: one model's step at `batch`, eager (the reference), Inductor and fusekit; the result rank 0
-    keeps. `device` is this rank's."""
+           bw: float | None, ablate: tuple[str, ...] = ()) -> dict:
+    """On every rank: one model's step at `batch`, eager (the reference), Inductor, fusekit and fusekit without each
+    rule of `ablate`; the result rank 0 keeps. `device` is this rank's."""
     cpu = device == "cpu"
     dtype = getattr(torch, desc["dtype"])
     st = Step(name, device, batch, cache_len, built=(_load(path, world, device, dtype), desc))
@@ -94,18 +95,20 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
         torch._dynamo.reset()
         logits["eager"] = first_call(st, st.model, position, cpu)[0]
         steps = {}
-        for be in BACKENDS:
-            fn = _compile(be, st.model, cpu)
+        backends = (*BACKENDS, *(WITHOUT + r for r in ablate))
+        for be in backends:
+            fn = (_compile("fusekit", st.model, cpu, disable=(be.removeprefix(WITHOUT),)) if be.startswith(WITHOUT)
+                  else _compile(be, st.model, cpu))
             logits[be], compile_s, rep = first_call(st, fn, position, cpu)
-            info: dict[str, Any] = {"compile_s": compile_s, **(step_sites(rep) if be == "fusekit" else {})}
+            info: dict[str, Any] = {"compile_s": compile_s, **(step_sites(rep) if be != "inductor" else {})}
             info["max_abs_vs_eager"] = (logits[be] - logits["eager"]).abs().max().item()
             res["backends"][be] = info
             steps[be] = st.repeated(fn)
         if not cpu:
-            graphs = {be: capture(steps[be]) for be in BACKENDS}
+            graphs = {be: capture(steps[be]) for be in backends}
             timed = {be: (g.replay if g is not None else steps[be]) for be, g in graphs.items()}
             res["graphs"] = all(g is not None for g in graphs.values())
-            rounds: dict[str, list[float]] = {be: [] for be in BACKENDS}
+            rounds: dict[str, list[float]] = {be: [] for be in backends}
             for _ in range(ROUNDS):
                 for be, fn in timed.items():
                     rounds[be].append(_ms_per_call(fn, device))
@@ -116,6 +119,8 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
             res["floor_ms"] = _max_over_ranks(floor_s * 1e3, device)
             i, f = res["backends"]["inductor"]["ms"], res["backends"]["fusekit"]["ms"]
             res["speedup"], res["floor_frac"] = i / f, res["floor_ms"] / f
+            for r in ablate:  # what the rule gains: fusekit without it over fusekit
+                res["backends"][WITHOUT + r]["gain"] = res["backends"][WITHOUT + r]["ms"] / f
         del steps
         torch._dynamo.reset()
     del st
@@ -125,7 +130,7 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
 
 
 def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: tuple[int, ...],
-          position: int, cache_len: int, out: str) -> None:
+          position: int, cache_len: int, out: str, ablate: tuple[str, ...]) -> None:
     os.environ.update(NO_MULTICAST)
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else f"cuda:{rank}"
@@ -138,7 +143,7 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         results = []
         for name, desc, path in jobs:
             for b in batches:
-                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw)
+                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw, ablate)
                 if rank == 0:
                     r["copy_gbps"] = bw / 1e9 if bw else None
                     results.append(r)
@@ -154,11 +159,13 @@ def _line(r: dict) -> str:
     i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
     timed = (f"  {i['ms']:.3f} -> {f['ms']:.3f} ms ({r['speedup']:.2f}x, floor {r['floor_frac']:.0%})"
              if "ms" in f else "")
+    timed += "".join(f"; {be} {v['ms']:.3f} ms" for be, v in r["backends"].items() if "gain" in v)
     return (f"  {r['model']:8s} tp{r['tp']} {r['process_group']:8s} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
             f" inductor {i['max_abs_vs_eager']:.2e}  fused {f['sites']}")
 
 
 def markdown(results: list[dict], env: dict) -> str:
+    ablated = list(dict.fromkeys(be for r in results for be in r["backends"] if be.startswith(WITHOUT)))
     where = f"{env['gpus']} x {env['device']}" if env["gpus"] else f"{env['device']}, gloo ranks, nothing timed"
     lines = [f"# fusekit tensor-parallel decode step on {where}",
              "",
@@ -168,15 +175,18 @@ def markdown(results: list[dict], env: dict) -> str:
              f"{ROUNDS} rounds of {REPS} replays); floor: the rank's weight shards + KV rows at the copy bandwidth.",
              "",
              "| model | TP | process group | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
-             "| max abs vs eager (Inductor / fusekit) | compile fusekit / Inductor | rules fired (rank 0) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             + "".join(f"| {be} ms (the rule's gain) " for be in ablated)
+             + "| max abs vs eager (Inductor / fusekit) | compile fusekit / Inductor | rules fired (rank 0) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(ablated)]
     f3 = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
     for r in results:
         i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
+        without = [r["backends"].get(be, {}) for be in ablated]
         lines.append(
             f"| {r['model']} | {r['tp']} | {r['process_group']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
             + (f"{r['speedup']:.2f}x | {r['floor_ms']:.3f} | {r['floor_frac']:.0%} | " if "speedup" in r
                else "- | - | - | ")
+            + "".join(f"{f3(w['ms'])} ({w['gain']:.2f}x) | " if "gain" in w else "- | " for w in without)
             + f"{i['max_abs_vs_eager']:.2e} / {f['max_abs_vs_eager']:.2e} | "
             f"{f['compile_s'] / i['compile_s']:.2f}x | "
             + ", ".join(f"{k.split('.', 1)[1]} x{v}" for k, v in sorted(f["sites"].items())) + " |")
@@ -207,8 +217,17 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _unshardable(config: Any, tp: int) -> str | None:
+    """Why transformers' plan cannot split this model over `tp` ranks (a rank would hold part of a head), or None."""
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        n = getattr(config, key, None)
+        if tp > 1 and isinstance(n, int) and n % tp:
+            return f"{key} = {n} is not a multiple of {tp}"
+    return None
+
+
 def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tuple[int, ...] | None = None,
-          position: int | None = None) -> list[dict]:
+          position: int | None = None, ablate: tuple[str, ...] = ()) -> list[dict]:
     import torch.multiprocessing as mp
 
     from .e2e import environment
@@ -232,14 +251,20 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
         for name in names:  # random weights, saved once: every rank loads its shard of the same model
             model, _, desc = models.make(name, "cpu" if cpu else "cuda")
             model.save_pretrained(f"{tmp}/{name}")
-            jobs.append((name, desc, f"{tmp}/{name}"))
+            jobs.append((name, desc, f"{tmp}/{name}", model.config))
             del model
         if not cpu:
             torch.cuda.empty_cache()
         for tp in tps:
             print(f"[{time.time() - t0:5.0f}s] TP {tp}", flush=True)
+            for name, *_, config in jobs:
+                if why := _unshardable(config, tp):
+                    print(f"  {name:8s} tp{tp}: skipped: {why}", flush=True)
+            runs = [j[:3] for j in jobs if not _unshardable(j[3], tp)]
+            if not runs:
+                continue
             part = pathlib.Path(tmp) / f"tp{tp}.json"
-            mp.spawn(_rank, args=(tp, free_port(), jobs, batches, position, cache_len, str(part)), nprocs=tp)
+            mp.spawn(_rank, args=(tp, free_port(), runs, batches, position, cache_len, str(part), ablate), nprocs=tp)
             results += json.loads(part.read_text())
             (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "tp.md").write_text(markdown(results, env))

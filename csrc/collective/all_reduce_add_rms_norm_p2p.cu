@@ -1,0 +1,194 @@
+// fusekit::all_reduce_add_rms_norm_p2p -- a tensor-parallel all-reduce, the residual add after it and the RMSNorm
+// of the sum, in one kernel over symmetric memory (the kernel of fusekit::all_reduce_add_rms_norm).
+//
+//   def all_reduce_add_rms_norm_ref(x, residual, weight, eps, group_name):        # fusion_backend/collectives.py
+//       h = all_reduce(x, "sum", group_name)            # rounded to x's dtype
+//       if residual is not None:
+//           h = residual + h
+//       h32 = h.to(torch.float32)
+//       y = (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+//       return weight * y, h
+//
+// Contract: x [..., H] bfloat16 or float32, contiguous, H * element size a multiple of 16 bytes; residual (optional)
+// like x; weight [H] of x's dtype; buffer: this rank's symmetric buffer of x's shape and dtype; buffer_ptrs and
+// signal_pads: the device arrays of the group's world_size buffer and signal-pad pointers (torch's symmetric memory
+// handle: buffer_ptrs_dev, signal_pad_ptrs_dev) and buffer_offset, the buffer's byte offset in each; max_blocks:
+// the blocks the signal pads hold for this world size.
+// Every rank calls it with the same shapes in the same order (it is a collective). Returns (normed, h).
+//
+// One block per row (grid-stride over rows): the block copies its rows into this rank's buffer, meets the same
+// block of every peer (a signal each way), sums the peers' rows in rank order (every rank the same float sum, so
+// the residual stream stays identical across ranks), adds the residual, writes h, reduces the row's sum of squares
+// and writes the normed row; it meets the peers again before it returns, so that no rank overwrites its buffer in
+// the next call while a peer still reads it (torch's one-shot all-reduce protocol). No host sync, no allocation
+// besides the outputs: CUDA-graph safe once the buffer exists.
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+#include "checks.h"
+#include "convert.cuh"
+#include "launch.cuh"
+#include "vec.cuh"
+
+namespace fusekit {
+namespace {
+
+constexpr int kMaxWorld = 72;  // torch's largest peer-to-peer domain (its signal pads are sized for it)
+
+__device__ __forceinline__ uint32_t cas_acq_rel_sys(uint32_t* addr, uint32_t expect, uint32_t value) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], %2, %3;"
+               : "=r"(old) : "l"(addr), "r"(expect), "r"(value) : "memory");
+  return old;
+}
+
+// This block meets the same block of every peer: a signal put into each peer's pad, one awaited in its own.
+// Slot [block][sender] of a receiver's pad: 0 -> 1 by the sender, 1 -> 0 by the receiver (a put waits until the
+// previous signal was taken).
+__device__ __forceinline__ void meet_peers(uint32_t* const* pads, int rank, int world) {
+  __syncthreads();  // the block's writes (the copy) before its signal
+  if (threadIdx.x < world) {
+    const int peer = threadIdx.x;
+    __threadfence_system();
+    while (cas_acq_rel_sys(pads[peer] + blockIdx.x * world + rank, 0u, 1u) != 0u) {}
+    while (cas_acq_rel_sys(pads[rank] + blockIdx.x * world + peer, 1u, 0u) != 1u) {}
+  }
+  __syncthreads();
+}
+
+// 16 bytes of a peer's buffer, past the L1 (it was written by another GPU since this SM last read it).
+__device__ __forceinline__ uint4 load_peer(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // scratch is reused by the next row
+  return v;
+}
+
+template <typename T>
+__global__ void all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                                               const T* __restrict__ weight, T* __restrict__ out,
+                                               T* __restrict__ h_out, T* local, T* const* bufs,
+                                               int64_t offset, uint32_t* const* pads, int rank, int world,
+                                               int64_t rows, int H, float eps) {
+  constexpr int N = 16 / sizeof(T);
+  using V = Vec<T, N>;
+  __shared__ float scratch[32];
+  const int nvec = H / N;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x)
+      reinterpret_cast<V*>(local + r * H)[v] = reinterpret_cast<const V*>(x + r * H)[v];
+  meet_peers(pads, rank, world);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float ss = 0.f;
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float acc[N] = {};
+      for (int p = 0; p < world; ++p) {  // rank order on every rank
+        const uint4 raw =
+            load_peer(reinterpret_cast<const char*>(bufs[p]) + offset + (r * H + v * N) * sizeof(T));
+        const V& pv = *reinterpret_cast<const V*>(&raw);
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[j] += static_cast<float>(pv.v[j]);
+      }
+      V h;
+      V res;
+      if (residual != nullptr) res = reinterpret_cast<const V*>(residual + r * H)[v];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const T s = to<T>(acc[j]);  // the all-reduce's result in x's dtype, as the graph had it
+        h.v[j] = residual != nullptr ? to<T>(static_cast<float>(res.v[j]) + static_cast<float>(s)) : s;
+        const float f = static_cast<float>(h.v[j]);
+        ss += f * f;
+      }
+      reinterpret_cast<V*>(h_out + r * H)[v] = h;
+    }
+    const float inv = rsqrtf(block_sum<T>(ss, scratch) / H + eps);
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {  // the elements this thread wrote above
+      const V h = reinterpret_cast<const V*>(h_out + r * H)[v];
+      const V w = reinterpret_cast<const V*>(weight)[v];
+      V o;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const T y = to<T>(static_cast<float>(h.v[j]) * inv);
+        o.v[j] = to<T>(static_cast<float>(w.v[j]) * static_cast<float>(y));
+      }
+      reinterpret_cast<V*>(out + r * H)[v] = o;
+    }
+  }
+  meet_peers(pads, rank, world);  // every peer has read this rank's rows
+}
+
+std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps,
+    const at::Tensor& buffer, int64_t buffer_ptrs, int64_t signal_pads, int64_t buffer_offset, int64_t rank,
+    int64_t world_size, int64_t max_blocks) {
+  FK_CHECK_CUDA(x);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "fusekit::all_reduce_add_rms_norm: x must be bfloat16 or float32, got ", describe(x));
+  FK_CHECK_CONTIGUOUS(x);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0 && x.size(-1) * x.element_size() % 16 == 0,
+              "fusekit::all_reduce_add_rms_norm: x's rows must be a multiple of 16 bytes, got ", describe(x));
+  FK_CHECK_SAME(x, buffer);
+  FK_CHECK_CONTIGUOUS(buffer);
+  if (residual) {
+    FK_CHECK_SAME(x, (*residual));
+    FK_CHECK_CONTIGUOUS((*residual));
+  }
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.scalar_type() == x.scalar_type() &&
+                  weight.device() == x.device() && weight.is_contiguous(),
+              "fusekit::all_reduce_add_rms_norm: weight must be [x.shape[-1]] with x's dtype and device, contiguous; "
+              "got x ", describe(x), ", weight ", describe(weight));
+  TORCH_CHECK(world_size > 1 && world_size <= kMaxWorld && rank >= 0 && rank < world_size,
+              "fusekit::all_reduce_add_rms_norm: rank ", rank, " of world size ", world_size);
+  TORCH_CHECK(buffer_ptrs != 0 && signal_pads != 0 && max_blocks >= 1 && buffer_offset >= 0 &&
+                  buffer_offset % 16 == 0,
+              "fusekit::all_reduce_add_rms_norm: no symmetric memory handle (buffer and signal-pad pointers)");
+  TORCH_CHECK(aligned16(x.data_ptr()) && aligned16(buffer.data_ptr()) && aligned16(weight.data_ptr()) &&
+                  (!residual || aligned16(residual->data_ptr())),
+              "fusekit::all_reduce_add_rms_norm: x, residual, weight and buffer must be 16-byte aligned");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  auto h = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const int H = static_cast<int>(x.size(-1));
+  const int64_t rows = x.numel() / H;
+  if (rows == 0) return {out, h};
+  const int per = 16 / static_cast<int>(x.element_size());
+  const int threads = std::clamp((H / per + 31) / 32 * 32, 32, 1024);
+  const int blocks = static_cast<int>(std::min<int64_t>(rows, max_blocks));
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    all_reduce_add_rms_norm_kernel<T><<<blocks, threads, 0, stream>>>(
+        x.const_data_ptr<T>(), residual ? residual->const_data_ptr<T>() : nullptr, weight.const_data_ptr<T>(),
+        out.data_ptr<T>(), h.data_ptr<T>(), buffer.data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
+        buffer_offset, reinterpret_cast<uint32_t* const*>(signal_pads), static_cast<int>(rank),
+        static_cast<int>(world_size), rows, H, static_cast<float>(eps));
+  };
+  if (x.scalar_type() == at::kBFloat16) launch(c10::BFloat16{});
+  else launch(float{});
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, h};
+}
+
+}  // namespace
+}  // namespace fusekit
+
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) {
+  m.impl("all_reduce_add_rms_norm_p2p", &fusekit::all_reduce_add_rms_norm_p2p_cuda);
+}
