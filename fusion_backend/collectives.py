@@ -48,8 +48,8 @@ LIB.define("all_reduce_add_rms_norm(Tensor x, Tensor? residual, Tensor weight, f
            "-> (Tensor, Tensor)")
 # its CUDA kernel, given this rank's symmetric buffer and the handle's device pointers (collectives.py calls it)
 LIB.define("all_reduce_add_rms_norm_p2p(Tensor x, Tensor? residual, Tensor weight, float eps, Tensor(a!) buffer, "
-           "int buffer_ptrs, int signal_pads, int buffer_offset, int rank, int world_size, int max_blocks) "
-           "-> (Tensor, Tensor)")
+           "Tensor(b!) epochs, int buffer_ptrs, int signal_pads, int buffer_offset, int rank, int world_size, "
+           "int max_blocks) -> (Tensor, Tensor)")
 
 
 @torch.library.register_fake("fusekit::all_reduce_one_shot")
@@ -75,8 +75,8 @@ def _fake_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, g
 
 
 @torch.library.register_fake("fusekit::all_reduce_add_rms_norm_p2p")
-def _fake_p2p(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, buffer: Tensor, *args: int
-              ) -> tuple[Tensor, Tensor]:
+def _fake_p2p(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, buffer: Tensor, epochs: Tensor,
+              *args: int) -> tuple[Tensor, Tensor]:
     return _fake_norm(x, residual, weight, eps, "")
 
 
@@ -95,6 +95,7 @@ torch.library.impl("fusekit::all_reduce_add_rms_norm", "CPU")(all_reduce_add_rms
 
 
 _BUFFERS: dict[tuple[str, str, tuple[int, ...], torch.dtype, int], tuple[Tensor, Any]] = {}
+_EPOCHS: dict[tuple[str, tuple[int, ...], torch.dtype, int], Tensor] = {}
 
 
 def _aligned(x: Tensor) -> Tensor:
@@ -102,18 +103,18 @@ def _aligned(x: Tensor) -> Tensor:
     return x.clone() if x.data_ptr() % ALIGN else x  # a view at an odd offset: the kernels want 16-byte rows
 
 
-def _symmetric(what: str, x: Tensor, group_name: str) -> tuple[Tensor, Any]:
-    """(this rank's symmetric buffer of x's shape and dtype, its handle), one per op, group, shape, dtype and
+def _symmetric(what: str, shape: tuple[int, ...], x: Tensor, group_name: str) -> tuple[Tensor, Any]:
+    """(this rank's symmetric buffer of `shape` and x's dtype, its handle), one per op, group, shape, dtype and
     device, allocated and exchanged (a collective: every rank reaches it in the same order) on the first call, which
     a CUDA graph's warm-up makes before its capture."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    key = (what, group_name, tuple(x.shape), x.dtype, x.device.index)
+    key = (what, group_name, shape, x.dtype, x.device.index)
     got = _BUFFERS.get(key)
     if got is None:
         torch._check(not torch.cuda.is_current_stream_capturing(), lambda: (
             f"fusekit::{what}: first call inside a CUDA graph capture; run the step once before capturing"))
-        buf = symm_mem.empty(x.shape, dtype=x.dtype, device=x.device)
+        buf = symm_mem.empty(shape, dtype=x.dtype, device=x.device)
         got = _BUFFERS[key] = (buf, symm_mem.rendezvous(buf, group_name))
     return got
 
@@ -128,7 +129,7 @@ def _check_sizes(what: str, x: Tensor) -> None:
 def _one_shot(x: Tensor, group_name: str) -> Tensor:
     _check_sizes("all_reduce_one_shot", x)
     x = _aligned(x)
-    buf, _ = _symmetric("all_reduce_one_shot", x, group_name)
+    buf, _ = _symmetric("all_reduce_one_shot", tuple(x.shape), x, group_name)
     return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x, "sum", group_name)
 
 
@@ -141,12 +142,15 @@ def _fused_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
                 group_name: str) -> tuple[Tensor, Tensor]:
     _check_sizes("all_reduce_add_rms_norm", x)
     x = _aligned(x)
-    buf, h = _symmetric("all_reduce_add_rms_norm", x, group_name)
-    pad = getattr(h, "signal_pad_size", None) or _SIGNAL_PAD_BYTES
+    buf, h = _symmetric("all_reduce_add_rms_norm", (2, *x.shape), x, group_name)  # calls alternate halves
+    blocks = (getattr(h, "signal_pad_size", None) or _SIGNAL_PAD_BYTES) // 4 // h.world_size
+    key = (group_name, tuple(x.shape), x.dtype, x.device.index)
+    if key not in _EPOCHS:  # each block's count of calls, on the device: it advances with every graph replay
+        _EPOCHS[key] = torch.zeros(blocks, dtype=torch.int32, device=x.device)
     return torch.ops.fusekit.all_reduce_add_rms_norm_p2p(
-        x, None if residual is None else _aligned(residual), weight.contiguous(), eps, buf, h.buffer_ptrs_dev,
-        h.signal_pad_ptrs_dev, buf.data_ptr() - h.buffer_ptrs[h.rank], h.rank, h.world_size,
-        pad // 4 // h.world_size)
+        x, None if residual is None else _aligned(residual), weight.contiguous(), eps, buf, _EPOCHS[key],
+        h.buffer_ptrs_dev, h.signal_pad_ptrs_dev, buf.data_ptr() - h.buffer_ptrs[h.rank], h.rank, h.world_size,
+        blocks)
 
 
 def _group_is_local(group_name: str) -> bool:

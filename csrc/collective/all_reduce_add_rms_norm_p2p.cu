@@ -10,7 +10,8 @@
 //       return weight * y, h
 //
 // Contract: x [..., H] bfloat16 or float32, contiguous, H * element size a multiple of 16 bytes; residual (optional)
-// like x; weight [H] of x's dtype; buffer: this rank's symmetric buffer of x's shape and dtype; buffer_ptrs and
+// like x; weight [H] of x's dtype; buffer: this rank's symmetric buffer of two x (the calls alternate halves);
+// epochs: max_blocks int32, zero at first, one count of calls per block (the half it uses); buffer_ptrs and
 // signal_pads: the device arrays of the group's world_size buffer and signal-pad pointers (torch's symmetric memory
 // handle: buffer_ptrs_dev, signal_pad_ptrs_dev) and buffer_offset, the buffer's byte offset in each; max_blocks:
 // the blocks the signal pads hold for this world size.
@@ -19,9 +20,9 @@
 // One block per row (grid-stride over rows): the block copies its rows into this rank's buffer, meets the same
 // block of every peer (a signal each way), sums the peers' rows in rank order (every rank the same float sum, so
 // the residual stream stays identical across ranks), adds the residual, writes h, reduces the row's sum of squares
-// and writes the normed row; it meets the peers again before it returns, so that no rank overwrites its buffer in
-// the next call while a peer still reads it (torch's one-shot all-reduce protocol). No host sync, no allocation
-// besides the outputs: CUDA-graph safe once the buffer exists.
+// and writes the normed row. Consecutive calls use alternate halves of the buffer, so it returns without meeting the
+// peers a second time (torch's one-shot all-reduce does, ~2 us). No host sync, no allocation besides the outputs:
+// CUDA-graph safe once the buffer exists (the epochs live on the device and advance with every replay).
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -54,7 +55,6 @@ __device__ __forceinline__ void meet_peers(uint32_t* const* pads, int rank, int 
   __syncthreads();  // the block's writes (the copy) before its signal
   if (threadIdx.x < world) {
     const int peer = threadIdx.x;
-    __threadfence_system();
     while (cas_acq_rel_sys(pads[peer] + blockIdx.x * world + rank, 0u, 1u) != 0u) {}
     while (cas_acq_rel_sys(pads[rank] + blockIdx.x * world + peer, 1u, 0u) != 1u) {}
   }
@@ -65,7 +65,7 @@ __device__ __forceinline__ void meet_peers(uint32_t* const* pads, int rank, int 
 __device__ __forceinline__ uint4 load_peer(const void* p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -84,27 +84,39 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 template <typename T>
 __global__ void all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                                                const T* __restrict__ weight, T* __restrict__ out,
-                                               T* __restrict__ h_out, T* local, T* const* bufs,
-                                               int64_t offset, uint32_t* const* pads, int rank, int world,
+                                               T* __restrict__ h_out, T* local, T* const* bufs, int64_t offset,
+                                               uint32_t* const* pads, uint32_t* epochs, int rank, int world,
                                                int64_t rows, int H, float eps) {
   constexpr int N = 16 / sizeof(T);
+  constexpr int kBatch = 8;  // peers' loads in flight at once
   using V = Vec<T, N>;
   __shared__ float scratch[32];
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == 0) epoch = epochs[blockIdx.x];
+  __syncthreads();
+  const int64_t half = (epoch & 1u) * rows * H;  // this call's half of the buffer: the other one a peer may still read
   const int nvec = H / N;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     for (int v = threadIdx.x; v < nvec; v += blockDim.x)
-      reinterpret_cast<V*>(local + r * H)[v] = reinterpret_cast<const V*>(x + r * H)[v];
+      reinterpret_cast<V*>(local + half + r * H)[v] = reinterpret_cast<const V*>(x + r * H)[v];
   meet_peers(pads, rank, world);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float ss = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float acc[N] = {};
-      for (int p = 0; p < world; ++p) {  // rank order on every rank
-        const uint4 raw =
-            load_peer(reinterpret_cast<const char*>(bufs[p]) + offset + (r * H + v * N) * sizeof(T));
-        const V& pv = *reinterpret_cast<const V*>(&raw);
+      const int64_t at = offset + (half + r * H + v * N) * static_cast<int64_t>(sizeof(T));
+      for (int p0 = 0; p0 < world; p0 += kBatch) {  // rank order on every rank
+        uint4 raw[kBatch];
 #pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] += static_cast<float>(pv.v[j]);
+        for (int q = 0; q < kBatch; ++q)
+          if (p0 + q < world) raw[q] = load_peer(reinterpret_cast<const char*>(bufs[p0 + q]) + at);
+#pragma unroll
+        for (int q = 0; q < kBatch; ++q) {
+          if (p0 + q >= world) break;
+          const V& pv = *reinterpret_cast<const V*>(&raw[q]);
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[j] += static_cast<float>(pv.v[j]);
+        }
       }
       V h;
       V res;
@@ -131,21 +143,29 @@ __global__ void all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T*
       reinterpret_cast<V*>(out + r * H)[v] = o;
     }
   }
-  meet_peers(pads, rank, world);  // every peer has read this rank's rows
+  // No second meeting: the next call writes the other half, and the one after it writes this half only after every
+  // peer has met it in the next call, which a peer reaches once this call (its reads included) has finished.
+  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
 }
 
 std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps,
-    const at::Tensor& buffer, int64_t buffer_ptrs, int64_t signal_pads, int64_t buffer_offset, int64_t rank,
-    int64_t world_size, int64_t max_blocks) {
+    const at::Tensor& buffer, const at::Tensor& epochs, int64_t buffer_ptrs, int64_t signal_pads,
+    int64_t buffer_offset, int64_t rank, int64_t world_size, int64_t max_blocks) {
   FK_CHECK_CUDA(x);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "fusekit::all_reduce_add_rms_norm: x must be bfloat16 or float32, got ", describe(x));
   FK_CHECK_CONTIGUOUS(x);
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0 && x.size(-1) * x.element_size() % 16 == 0,
               "fusekit::all_reduce_add_rms_norm: x's rows must be a multiple of 16 bytes, got ", describe(x));
-  FK_CHECK_SAME(x, buffer);
-  FK_CHECK_CONTIGUOUS(buffer);
+  TORCH_CHECK(buffer.is_cuda() && buffer.is_contiguous() && buffer.scalar_type() == x.scalar_type() &&
+                  buffer.device() == x.device() && buffer.numel() == 2 * x.numel(),
+              "fusekit::all_reduce_add_rms_norm: buffer must be a contiguous [2, *x.shape] of x's dtype on x's device; "
+              "got x ", describe(x), ", buffer ", describe(buffer));
+  TORCH_CHECK(epochs.is_cuda() && epochs.scalar_type() == at::kInt && epochs.is_contiguous() &&
+                  epochs.device() == x.device() && epochs.numel() >= max_blocks,
+              "fusekit::all_reduce_add_rms_norm: epochs must be max_blocks int32 on x's device, got ",
+              describe(epochs));
   if (residual) {
     FK_CHECK_SAME(x, (*residual));
     FK_CHECK_CONTIGUOUS((*residual));
@@ -177,8 +197,9 @@ std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
     all_reduce_add_rms_norm_kernel<T><<<blocks, threads, 0, stream>>>(
         x.const_data_ptr<T>(), residual ? residual->const_data_ptr<T>() : nullptr, weight.const_data_ptr<T>(),
         out.data_ptr<T>(), h.data_ptr<T>(), buffer.data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
-        buffer_offset, reinterpret_cast<uint32_t* const*>(signal_pads), static_cast<int>(rank),
-        static_cast<int>(world_size), rows, H, static_cast<float>(eps));
+        buffer_offset, reinterpret_cast<uint32_t* const*>(signal_pads),
+        reinterpret_cast<uint32_t*>(epochs.data_ptr<int>()), static_cast<int>(rank), static_cast<int>(world_size), rows,
+        H, static_cast<float>(eps));
   };
   if (x.scalar_type() == at::kBFloat16) launch(c10::BFloat16{});
   else launch(float{});
