@@ -69,7 +69,8 @@ def _rms_norm(h: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 @torch.library.register_fake("fusekit::all_reduce_add_rms_norm")
-def _fake_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, group_name: str) -> tuple[Tensor, Tensor]:
+def _fake_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
+               group_name: str) -> tuple[Tensor, Tensor]:
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(x, memory_format=torch.contiguous_format))
 
@@ -142,7 +143,11 @@ def _fused_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
                 group_name: str) -> tuple[Tensor, Tensor]:
     _check_sizes("all_reduce_add_rms_norm", x)
     x = _aligned(x)
-    buf, h = _symmetric("all_reduce_add_rms_norm", (2, *x.shape), x, group_name)  # calls alternate halves
+    import torch.distributed as dist
+
+    world = dist.get_world_size(_group(group_name))
+    # a slot per rank, in two halves the calls alternate
+    buf, h = _symmetric("all_reduce_add_rms_norm", (2, world, *x.shape), x, group_name)
     blocks = (getattr(h, "signal_pad_size", None) or _SIGNAL_PAD_BYTES) // 4 // h.world_size
     key = (group_name, tuple(x.shape), x.dtype, x.device.index)
     if key not in _EPOCHS:  # each block's count of calls, on the device: it advances with every graph replay
@@ -153,6 +158,12 @@ def _fused_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
         blocks)
 
 
+def _group(group_name: str) -> Any:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
 def _group_is_local(group_name: str) -> bool:
     """Every rank of the group on this host: the group no larger than the launcher's LOCAL_WORLD_SIZE (torchrun and
     transformers' tensor-parallel loading set it) and this host's GPUs."""
@@ -161,9 +172,7 @@ def _group_is_local(group_name: str) -> bool:
     if not dist.is_available() or not dist.is_initialized():
         return False
     try:
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        size = dist.get_world_size(_resolve_process_group(group_name))
+        size = dist.get_world_size(_group(group_name))
     except Exception:  # noqa: BLE001 - an unknown group: leave it to Inductor
         return False
     return 1 < size <= _local_world_size()

@@ -124,7 +124,7 @@ def _rank(rank, world, port):
         with pytest.raises(RuntimeError, match="weight"):
             torch.ops.fusekit.all_reduce_add_rms_norm(x, None, w[:-8], EPS, group)
         with pytest.raises(RuntimeError, match="symmetric memory"):
-            buf = torch.empty(2, *x.shape, dtype=dtype, device="cuda")
+            buf = torch.empty(2, world, *x.shape, dtype=dtype, device="cuda")
             epochs = torch.zeros(1, dtype=torch.int32, device="cuda")
             torch.ops.fusekit.all_reduce_add_rms_norm_p2p(x, None, w, EPS, buf, epochs, 0, 0, 0, rank, world, 1)
         dist.barrier()

@@ -10,19 +10,21 @@
 //       return weight * y, h
 //
 // Contract: x [..., H] bfloat16 or float32, contiguous, H * element size a multiple of 16 bytes; residual (optional)
-// like x; weight [H] of x's dtype; buffer: this rank's symmetric buffer of two x (the calls alternate halves);
+// like x; weight [H] of x's dtype; buffer: this rank's symmetric buffer [2, world_size, *x.shape] (a slot per
+// rank, in two halves the calls alternate);
 // epochs: max_blocks int32, zero at first, one count of calls per block (the half it uses); buffer_ptrs and
 // signal_pads: the device arrays of the group's world_size buffer and signal-pad pointers (torch's symmetric memory
 // handle: buffer_ptrs_dev, signal_pad_ptrs_dev) and buffer_offset, the buffer's byte offset in each; max_blocks:
 // the blocks the signal pads hold for this world size.
 // Every rank calls it with the same shapes in the same order (it is a collective). Returns (normed, h).
 //
-// One block per row (grid-stride over rows): the block copies its rows into this rank's buffer, meets the same
-// block of every peer (a signal each way), sums the peers' rows in rank order (every rank the same float sum, so
-// the residual stream stays identical across ranks), adds the residual, writes h, reduces the row's sum of squares
-// and writes the normed row. Consecutive calls use alternate halves of the buffer, so it returns without meeting the
-// peers a second time (torch's one-shot all-reduce does, ~2 us). No host sync, no allocation besides the outputs:
-// CUDA-graph safe once the buffer exists (the epochs live on the device and advance with every replay).
+// One block per row (grid-stride over rows): the block stores its rows into this rank's slot of every peer's buffer
+// (NVLink stores, in flight together), meets the same block of every peer (a signal each way), then sums the
+// slots of its own buffer in rank order (local reads; every rank the same float sum, so the residual stream stays
+// identical across ranks), adds the residual, writes h, reduces the row's sum of squares and writes the normed row.
+// Consecutive calls use alternate halves of the buffer, so it returns without meeting the peers a second time
+// (torch's one-shot all-reduce, which reads the peers' buffers, does both). No host sync, no allocation besides
+// the outputs: CUDA-graph safe once the buffer exists (the epochs live on the device and advance with every replay).
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -61,7 +63,7 @@ __device__ __forceinline__ void meet_peers(uint32_t* const* pads, int rank, int 
   __syncthreads();
 }
 
-// 16 bytes of a peer's buffer, past the L1 (it was written by another GPU since this SM last read it).
+// 16 bytes of this rank's buffer as a peer wrote them, past the L1 (it may hold the same address from a call before).
 __device__ __forceinline__ uint4 load_peer(const void* p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -81,35 +83,46 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return v;
 }
 
+constexpr int kMaxThreads = 512;
+
 template <typename T>
-__global__ void all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
-                                               const T* __restrict__ weight, T* __restrict__ out,
-                                               T* __restrict__ h_out, T* local, T* const* bufs, int64_t offset,
-                                               uint32_t* const* pads, uint32_t* epochs, int rank, int world,
-                                               int64_t rows, int H, float eps) {
+__global__ void __launch_bounds__(kMaxThreads)
+    all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                                   const T* __restrict__ weight, T* __restrict__ out, T* __restrict__ h_out,
+                                   const T* local, T* const* bufs, int64_t offset, uint32_t* const* pads,
+                                   uint32_t* epochs, int rank, int world, int64_t rows, int H, float eps) {
   constexpr int N = 16 / sizeof(T);
-  constexpr int kBatch = 8;  // peers' loads in flight at once
+  constexpr int kBatch = 8;  // loads in flight at once
   using V = Vec<T, N>;
   __shared__ float scratch[32];
   __shared__ uint32_t epoch;
   if (threadIdx.x == 0) epoch = epochs[blockIdx.x];
   __syncthreads();
-  const int64_t half = (epoch & 1u) * rows * H;  // this call's half of the buffer: the other one a peer may still read
+  const int64_t slot = rows * H;                          // one rank's rows in a buffer
+  const int64_t half = (epoch & 1u) * world * slot;       // this call's half: the other one a peer may still read
   const int nvec = H / N;
+  // push: this rank's rows into its slot of every peer's buffer (stores in flight together; its own sum term is
+  // read from x)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (int v = threadIdx.x; v < nvec; v += blockDim.x)
-      reinterpret_cast<V*>(local + half + r * H)[v] = reinterpret_cast<const V*>(x + r * H)[v];
-  meet_peers(pads, rank, world);
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const V val = reinterpret_cast<const V*>(x + r * H)[v];
+      const int64_t at = offset + (half + rank * slot + r * H + v * N) * static_cast<int64_t>(sizeof(T));
+      for (int p = 0; p < world; ++p)
+        if (p != rank) *reinterpret_cast<V*>(reinterpret_cast<char*>(bufs[p]) + at) = val;
+    }
+  meet_peers(pads, rank, world);  // every peer's rows are in this rank's buffer
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float ss = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float acc[N] = {};
-      const int64_t at = offset + (half + r * H + v * N) * static_cast<int64_t>(sizeof(T));
       for (int p0 = 0; p0 < world; p0 += kBatch) {  // rank order on every rank
         uint4 raw[kBatch];
 #pragma unroll
-        for (int q = 0; q < kBatch; ++q)
-          if (p0 + q < world) raw[q] = load_peer(reinterpret_cast<const char*>(bufs[p0 + q]) + at);
+        for (int q = 0; q < kBatch; ++q) {
+          const int p = p0 + q;
+          if (p == rank) raw[q] = *reinterpret_cast<const uint4*>(x + r * H + v * N);
+          else if (p < world) raw[q] = load_peer(local + half + p * slot + r * H + v * N);
+        }
 #pragma unroll
         for (int q = 0; q < kBatch; ++q) {
           if (p0 + q >= world) break;
@@ -118,7 +131,7 @@ __global__ void all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T*
           for (int j = 0; j < N; ++j) acc[j] += static_cast<float>(pv.v[j]);
         }
       }
-      V h;
+        V h;
       V res;
       if (residual != nullptr) res = reinterpret_cast<const V*>(residual + r * H)[v];
 #pragma unroll
@@ -159,8 +172,9 @@ std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0 && x.size(-1) * x.element_size() % 16 == 0,
               "fusekit::all_reduce_add_rms_norm: x's rows must be a multiple of 16 bytes, got ", describe(x));
   TORCH_CHECK(buffer.is_cuda() && buffer.is_contiguous() && buffer.scalar_type() == x.scalar_type() &&
-                  buffer.device() == x.device() && buffer.numel() == 2 * x.numel(),
-              "fusekit::all_reduce_add_rms_norm: buffer must be a contiguous [2, *x.shape] of x's dtype on x's device; "
+                  buffer.device() == x.device() && buffer.numel() == 2 * world_size * x.numel(),
+              "fusekit::all_reduce_add_rms_norm: buffer must be a contiguous [2, world_size, *x.shape] of x's dtype on "
+              "x's device; "
               "got x ", describe(x), ", buffer ", describe(buffer));
   TORCH_CHECK(epochs.is_cuda() && epochs.scalar_type() == at::kInt && epochs.is_contiguous() &&
                   epochs.device() == x.device() && epochs.numel() >= max_blocks,
@@ -189,14 +203,14 @@ std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
   const int64_t rows = x.numel() / H;
   if (rows == 0) return {out, h};
   const int per = 16 / static_cast<int>(x.element_size());
-  const int threads = std::clamp((H / per + 31) / 32 * 32, 32, 1024);
+  const int threads = std::clamp((H / per + 31) / 32 * 32, 32, kMaxThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(rows, max_blocks));
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     all_reduce_add_rms_norm_kernel<T><<<blocks, threads, 0, stream>>>(
         x.const_data_ptr<T>(), residual ? residual->const_data_ptr<T>() : nullptr, weight.const_data_ptr<T>(),
-        out.data_ptr<T>(), h.data_ptr<T>(), buffer.data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
+        out.data_ptr<T>(), h.data_ptr<T>(), buffer.const_data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
         buffer_offset, reinterpret_cast<uint32_t* const*>(signal_pads),
         reinterpret_cast<uint32_t*>(epochs.data_ptr<int>()), static_cast<int>(rank), static_cast<int>(world_size), rows,
         H, static_cast<float>(eps));
