@@ -82,22 +82,24 @@ def _rank(rank, world, port):
         ref = torch.stack(xs).double().sum(0)
         assert (one.double() - ref).abs().max() <= 2 * (nccl.double() - ref).abs().max()
 
-        # 300 back-to-back calls chained through the residual, one rank held back in turn: each result as the
-        # eager ops give it from the same inputs
+        # 300 back-to-back calls, one rank held back in turn: each result at most 2x eager's error (NCCL, the add
+        # and the RMSNorm in bfloat16) against float64 from the same inputs
         rows, hidden, dtype = 4, 2048, torch.bfloat16
         w = (1 + 0.1 * _same(1, hidden, torch.float32, 3)[0]).to(dtype)
+        res = _same(rows, hidden, dtype, 4)
         xs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(300)]
-        res, got = _same(rows, hidden, dtype, 4), []
+        got = []
         for i, x in enumerate(xs):
             if i % world == rank:
                 torch.cuda._sleep(20_000)  # ~10 us: this rank arrives late
-            normed, res = torch.ops.fusekit.all_reduce_add_rms_norm(x, res, w, EPS, group)
-            got.append((normed, res))
-        res = _same(rows, hidden, dtype, 4)
-        for i, x in enumerate(xs):
-            e_normed, e_res = all_reduce_add_rms_norm_ref(x, got[i - 1][1] if i else res, w, EPS, group)
-            torch.testing.assert_close(got[i][0], e_normed, rtol=1.6e-2, atol=2e-2)
-            torch.testing.assert_close(got[i][1], e_res, rtol=1.6e-2, atol=2e-2)
+            got.append(torch.ops.fusekit.all_reduce_add_rms_norm(x, res, w, EPS, group))
+        for x, (normed, h) in zip(xs, got):
+            gathered = [torch.empty_like(x) for _ in range(world)]
+            dist.all_gather(gathered, x)
+            r_normed, r_h = _f64_reference(gathered, res, w)
+            e_normed, e_h = all_reduce_add_rms_norm_ref(x, res, w, EPS, group)
+            for v, e, r in ((normed, e_normed, r_normed), (h, e_h, r_h)):
+                assert (v.double() - r).abs().max() <= 2 * (e.double() - r).abs().max()
 
         # a CUDA graph of three chained calls, replayed 50 times: the same outputs every time
         x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
