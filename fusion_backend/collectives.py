@@ -9,9 +9,10 @@ batch 1 (benchmarks/RESULTS.md). Inductor's own one-shot lowering needs the inpu
 fusekit op's output is not, so the pass rewrites the pair itself into ``fusekit::all_reduce_one_shot``.
 
 Where the all-reduce's sum feeds a residual add and transformers' RMSNorm (or the RMSNorm alone: the embedding's
-all-reduce), the three are ``fusekit::all_reduce_add_rms_norm``: one kernel (csrc/collective/) copies the rows into
-a symmetric buffer, meets the peers, sums their rows, adds the residual and normalizes, instead of the one-shot
-kernel and Inductor's add + RMSNorm kernel after it.
+all-reduce), the three are ``fusekit::all_reduce_add_rms_norm``: one kernel (csrc/collective/) stores the rank's rows
+into its slot of every peer's symmetric buffer, meets the peers once, sums its own buffer, adds the residual and
+normalizes, instead of the one-shot kernel and Inductor's add + RMSNorm kernel after it (4 H200s, TP 4: the
+Llama-style step 0.443 -> 0.409 ms at batch 1, 0.565 -> 0.516 at 32).
 
 They are not patterns of the tables (their argument is a process-group name, and their tests need processes); they fire
 where every rank of the group is on this host (``LOCAL_WORLD_SIZE``), on CUDA tensors of at most ``MAX_BYTES``
@@ -141,10 +142,10 @@ _SIGNAL_PAD_BYTES = 2048
 @torch.library.impl("fusekit::all_reduce_add_rms_norm", "CUDA")
 def _fused_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
                 group_name: str) -> tuple[Tensor, Tensor]:
-    _check_sizes("all_reduce_add_rms_norm", x)
-    x = _aligned(x)
     import torch.distributed as dist
 
+    _check_sizes("all_reduce_add_rms_norm", x)
+    x = _aligned(x)
     world = dist.get_world_size(_group(group_name))
     # a slot per rank, in two halves the calls alternate
     buf, h = _symmetric("all_reduce_add_rms_norm", (2, world, *x.shape), x, group_name)
