@@ -331,7 +331,7 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool, rules: tuple[str
         if why is not None:
             record.near_misses.append(NearMiss(NORM_RULE, describe(ar), why, False))
         if m is not None:
-            renamed.update(_fuse_norm(graph, record, m, wait, ar, x, group, renamed))
+            renamed.update(_fuse_norm(graph, record, m, wait, ar, x, group, renamed, order))
             continue
         with graph.inserting_before(wait):
             new = graph.call_function(torch.ops.fusekit.all_reduce_one_shot.default, (x, group))
@@ -347,7 +347,8 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool, rules: tuple[str
 
 
 def _fuse_norm(graph: torch.fx.Graph, record, m: Any, wait: torch.fx.Node, ar: torch.fx.Node, x: torch.fx.Node,
-               group: str, renamed: dict[torch.fx.Node, torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
+               group: str, renamed: dict[torch.fx.Node, torch.fx.Node],
+               order: dict[torch.fx.Node, int]) -> dict[torch.fx.Node, torch.fx.Node]:
     """The match as the fused op; -> {the nodes it replaced that a later match may name: their replacements}."""
     import operator
 
@@ -355,8 +356,7 @@ def _fuse_norm(graph: torch.fx.Graph, record, m: Any, wait: torch.fx.Node, ar: t
     normed, h = outs[0], (outs[1] if len(outs) > 1 else wait)
     res = m.kwargs.get("residual")
     res = renamed.get(res, res)
-    inside = set(m.nodes)
-    first = next(n for n in graph.nodes if n in inside)
+    first = min(m.nodes, key=order.__getitem__)  # as _why_not_norm found it (the graph's order, not walked again)
     with graph.inserting_before(first):
         new = graph.call_function(torch.ops.fusekit.all_reduce_add_rms_norm.default,
                                   (x, res, m.kwargs["weight"], m.kwargs["eps"], group))
