@@ -11,19 +11,21 @@
 //
 // Contract: x [..., H] bfloat16 or float32, contiguous, H * element size a multiple of 16 bytes; residual (optional)
 // like x; weight [H] of x's dtype; buffer: this rank's symmetric buffer [2, world_size, *x.shape] (a slot per
-// rank, in two halves the calls alternate);
-// epochs: max_blocks int32, zero at first, one count of calls per block (the half it uses); buffer_ptrs and
-// signal_pads: the device arrays of the group's world_size buffer and signal-pad pointers (torch's symmetric memory
-// handle: buffer_ptrs_dev, signal_pad_ptrs_dev) and buffer_offset, the buffer's byte offset in each; max_blocks:
-// the blocks the signal pads hold for this world size.
+// rank, in two halves the calls alternate), every element -0.0 before the first call (the "empty" mark);
+// epochs: max_blocks int32, zero at first, one count of calls per block (the half it uses); buffer_ptrs: the
+// device array of the group's world_size buffer pointers (torch's symmetric memory handle: buffer_ptrs_dev) and
+// buffer_offset, the buffer's byte offset in each; max_blocks: at most the blocks the GPU holds at once (a block
+// waits for the same block of every peer).
 // Every rank calls it with the same shapes in the same order (it is a collective). Returns (normed, h).
 //
 // One block per row (grid-stride over rows): the block stores its rows into this rank's slot of every peer's buffer
-// (NVLink stores, in flight together), meets the same block of every peer (a signal each way), then sums the
-// slots of its own buffer in rank order (local reads; every rank the same float sum, so the residual stream stays
-// identical across ranks), adds the residual, writes h, reduces the row's sum of squares and writes the normed row.
-// Consecutive calls use alternate halves of the buffer, so it returns without meeting the peers a second time
-// (torch's one-shot all-reduce, which reads the peers' buffers, does both). No host sync, no allocation besides
+// (NVLink stores, in flight together, -0.0 written as +0.0), then sums the slots of its own buffer in rank order,
+// reading each 16 bytes again until no element is -0.0: the data is its own flag (a Lamport-style exchange), so
+// there is no signal and no fence between the peers, only the stores' one-way trip. The block puts -0.0 back in what
+// it read, adds the residual, writes h, reduces the row's sum of squares and writes the normed row. Every rank sums
+// the same floats in the same order, so the residual stream stays identical across ranks (+0.0 for -0.0 changes no
+// sum that starts at +0.0). Consecutive calls use alternate halves of the buffer: a peer can be one call ahead of
+// this rank (it needs this rank's rows of a call to finish it), never two. No host sync, no allocation besides
 // the outputs: CUDA-graph safe once the buffer exists (the epochs live on the device and advance with every replay).
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -41,34 +43,48 @@
 namespace fusekit {
 namespace {
 
-constexpr int kMaxWorld = 72;  // torch's largest peer-to-peer domain (its signal pads are sized for it)
+constexpr int kMaxWorld = 72;  // torch's largest peer-to-peer domain
 
-__device__ __forceinline__ uint32_t cas_acq_rel_sys(uint32_t* addr, uint32_t expect, uint32_t value) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], %2, %3;"
-               : "=r"(old) : "l"(addr), "r"(expect), "r"(value) : "memory");
-  return old;
-}
-
-// This block meets the same block of every peer: a signal put into each peer's pad, one awaited in its own.
-// Slot [block][sender] of a receiver's pad: 0 -> 1 by the sender, 1 -> 0 by the receiver (a put waits until the
-// previous signal was taken).
-__device__ __forceinline__ void meet_peers(uint32_t* const* pads, int rank, int world) {
-  __syncthreads();  // the block's writes (the copy) before its signal
-  if (threadIdx.x < world) {
-    const int peer = threadIdx.x;
-    while (cas_acq_rel_sys(pads[peer] + blockIdx.x * world + rank, 0u, 1u) != 0u) {}
-    while (cas_acq_rel_sys(pads[rank] + blockIdx.x * world + peer, 1u, 0u) != 1u) {}
-  }
-  __syncthreads();
-}
-
-// 16 bytes of this rank's buffer as a peer wrote them, past the L1 (it may hold the same address from a call before).
+// 16 bytes of this rank's buffer as a peer wrote them, past the L1 (it holds the same address from a call before).
 __device__ __forceinline__ uint4 load_peer(const void* p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ void store_volatile(void* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+// The empty mark is -0.0 in every element: a sign bit alone, in each 16 bits (bfloat16) or 32 bits (float32).
+template <typename T>
+constexpr uint32_t kEmpty = sizeof(T) == 2 ? 0x80008000u : 0x80000000u;
+
+template <typename T>
+__device__ __forceinline__ bool is_empty_word(uint32_t w) {
+  if constexpr (sizeof(T) == 2) return (w & 0xffffu) == 0x8000u || (w >> 16) == 0x8000u;
+  else return w == 0x80000000u;
+}
+// Still (partly) empty: any element of the 16 bytes is the mark (a peer's 16-byte store may land in parts).
+template <typename T>
+__device__ __forceinline__ bool any_empty(uint4 v) {
+  return is_empty_word<T>(v.x) || is_empty_word<T>(v.y) || is_empty_word<T>(v.z) || is_empty_word<T>(v.w);
+}
+// -0.0 as +0.0, so that data is never the mark.
+template <typename T>
+__device__ __forceinline__ uint32_t unmark_word(uint32_t w) {
+  if constexpr (sizeof(T) == 2) {
+    if ((w & 0xffffu) == 0x8000u) w &= 0xffff0000u;
+    if ((w >> 16) == 0x8000u) w &= 0x0000ffffu;
+    return w;
+  } else {
+    return w == 0x80000000u ? 0u : w;
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint4 unmark(uint4 v) {
+  return make_uint4(unmark_word<T>(v.x), unmark_word<T>(v.y), unmark_word<T>(v.z), unmark_word<T>(v.w));
 }
 
 template <typename T>
@@ -89,8 +105,8 @@ template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
     all_reduce_add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                                    const T* __restrict__ weight, T* __restrict__ out, T* __restrict__ h_out,
-                                   const T* local, T* const* bufs, int64_t offset, uint32_t* const* pads,
-                                   uint32_t* epochs, int rank, int world, int64_t rows, int H, float eps) {
+                                   T* local, T* const* bufs, int64_t offset, uint32_t* epochs, int rank, int world,
+                                   int64_t rows, int H, float eps) {
   constexpr int N = 16 / sizeof(T);
   constexpr int kBatch = 8;  // loads in flight at once
   using V = Vec<T, N>;
@@ -101,16 +117,16 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t slot = rows * H;                          // one rank's rows in a buffer
   const int64_t half = (epoch & 1u) * world * slot;       // this call's half: the other one a peer may still read
   const int nvec = H / N;
+  const uint4 empty = make_uint4(kEmpty<T>, kEmpty<T>, kEmpty<T>, kEmpty<T>);
   // push: this rank's rows into its slot of every peer's buffer (stores in flight together; its own sum term is
   // read from x)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
-      const V val = reinterpret_cast<const V*>(x + r * H)[v];
+      const uint4 val = unmark<T>(*reinterpret_cast<const uint4*>(x + r * H + v * N));
       const int64_t at = offset + (half + rank * slot + r * H + v * N) * static_cast<int64_t>(sizeof(T));
       for (int p = 0; p < world; ++p)
-        if (p != rank) *reinterpret_cast<V*>(reinterpret_cast<char*>(bufs[p]) + at) = val;
+        if (p != rank) store_volatile(reinterpret_cast<char*>(bufs[p]) + at, val);
     }
-  meet_peers(pads, rank, world);  // every peer's rows are in this rank's buffer
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float ss = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
@@ -125,13 +141,19 @@ __global__ void __launch_bounds__(kMaxThreads)
         }
 #pragma unroll
         for (int q = 0; q < kBatch; ++q) {
-          if (p0 + q >= world) break;
+          const int p = p0 + q;
+          if (p >= world) break;
+          if (p != rank) {
+            T* at = local + half + p * slot + r * H + v * N;
+            while (any_empty<T>(raw[q])) raw[q] = load_peer(at);  // the peer's rows not (all) here yet
+            store_volatile(at, empty);  // emptied for the call after next (read: this thread holds it)
+          }
           const V& pv = *reinterpret_cast<const V*>(&raw[q]);
 #pragma unroll
           for (int j = 0; j < N; ++j) acc[j] += static_cast<float>(pv.v[j]);
         }
       }
-        V h;
+      V h;
       V res;
       if (residual != nullptr) res = reinterpret_cast<const V*>(residual + r * H)[v];
 #pragma unroll
@@ -156,15 +178,16 @@ __global__ void __launch_bounds__(kMaxThreads)
       reinterpret_cast<V*>(out + r * H)[v] = o;
     }
   }
-  // No second meeting: the next call writes the other half, and the one after it writes this half only after every
-  // peer has met it in the next call, which a peer reaches once this call (its reads included) has finished.
+  // The next call's rows go to the other half. A peer writes this half again in the call after next, which it
+  // reaches only with this rank's rows of the next call, which this rank sends once this call (its reads and the
+  // marks put back) has finished.
   if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
 }
 
 std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps,
-    const at::Tensor& buffer, const at::Tensor& epochs, int64_t buffer_ptrs, int64_t signal_pads,
-    int64_t buffer_offset, int64_t rank, int64_t world_size, int64_t max_blocks) {
+    const at::Tensor& buffer, const at::Tensor& epochs, int64_t buffer_ptrs, int64_t buffer_offset, int64_t rank,
+    int64_t world_size, int64_t max_blocks) {
   FK_CHECK_CUDA(x);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "fusekit::all_reduce_add_rms_norm: x must be bfloat16 or float32, got ", describe(x));
@@ -190,9 +213,8 @@ std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
               "got x ", describe(x), ", weight ", describe(weight));
   TORCH_CHECK(world_size > 1 && world_size <= kMaxWorld && rank >= 0 && rank < world_size,
               "fusekit::all_reduce_add_rms_norm: rank ", rank, " of world size ", world_size);
-  TORCH_CHECK(buffer_ptrs != 0 && signal_pads != 0 && max_blocks >= 1 && buffer_offset >= 0 &&
-                  buffer_offset % 16 == 0,
-              "fusekit::all_reduce_add_rms_norm: no symmetric memory handle (buffer and signal-pad pointers)");
+  TORCH_CHECK(buffer_ptrs != 0 && max_blocks >= 1 && buffer_offset >= 0 && buffer_offset % 16 == 0,
+              "fusekit::all_reduce_add_rms_norm: no symmetric memory handle (buffer pointers)");
   TORCH_CHECK(aligned16(x.data_ptr()) && aligned16(buffer.data_ptr()) && aligned16(weight.data_ptr()) &&
                   (!residual || aligned16(residual->data_ptr())),
               "fusekit::all_reduce_add_rms_norm: x, residual, weight and buffer must be 16-byte aligned");
@@ -210,9 +232,8 @@ std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
     using T = decltype(tag);
     all_reduce_add_rms_norm_kernel<T><<<blocks, threads, 0, stream>>>(
         x.const_data_ptr<T>(), residual ? residual->const_data_ptr<T>() : nullptr, weight.const_data_ptr<T>(),
-        out.data_ptr<T>(), h.data_ptr<T>(), buffer.const_data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
-        buffer_offset, reinterpret_cast<uint32_t* const*>(signal_pads),
-        reinterpret_cast<uint32_t*>(epochs.data_ptr<int>()), static_cast<int>(rank), static_cast<int>(world_size), rows,
+        out.data_ptr<T>(), h.data_ptr<T>(), buffer.data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
+        buffer_offset, reinterpret_cast<uint32_t*>(epochs.data_ptr<int>()), static_cast<int>(rank), static_cast<int>(world_size), rows,
         H, static_cast<float>(eps));
   };
   if (x.scalar_type() == at::kBFloat16) launch(c10::BFloat16{});
