@@ -11,8 +11,9 @@ fusekit op's output is not, so the pass rewrites the pair itself into ``fusekit:
 Where the all-reduce's sum feeds a residual add and transformers' RMSNorm (or the RMSNorm alone: the embedding's
 all-reduce), the three are ``fusekit::all_reduce_add_rms_norm``: one kernel (csrc/collective/) stores the rank's rows
 into its slot of every peer's symmetric buffer, sums its own buffer as the peers' rows arrive (the data is its own
-flag: a slot reads -0.0 until written), adds the residual and normalizes, instead of the one-shot kernel and Inductor's add + RMSNorm kernel after it (4 H200s, TP 4: the
-Llama-style step 0.443 -> 0.409 ms at batch 1, 0.565 -> 0.516 at 32).
+flag: a slot reads -0.0 until written), adds the residual and normalizes, instead of the one-shot kernel and
+Inductor's add + RMSNorm kernel after it (4 H200s, TP 4: the Llama-style step 0.446 -> 0.387 ms at batch 1, 0.567 ->
+0.503 at 32).
 
 They are not patterns of the tables (their argument is a process-group name, and their tests need processes); they fire
 where every rank of the group is on this host (``LOCAL_WORLD_SIZE``), on CUDA tensors of at most ``MAX_BYTES``
