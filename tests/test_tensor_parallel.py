@@ -100,14 +100,18 @@ def test_tp2_decode_rules_fire_on_each_rank_and_match_unsharded(name, tmp_path):
 
 @pytest.mark.slow
 def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
-    """`fusekit bench --phase decode --tp 2` without a GPU: the tiny Llama-style model over 2 gloo ranks, the rules
+    """`fusekit bench --phase both --tp 2` without a GPU: the tiny Llama-style model over 2 gloo ranks, the rules
     fired on rank 0's shard (1 KV head per rank: the MQA rule) and both backends' logits against the sharded eager
-    step's, in tp.md and tp.json; nothing timed."""
+    step's, a decode step and a prefill (2 x 16 tokens), in tp.md and tp.json; nothing timed."""
     import json
 
     from fusion_backend.tools import tp_bench
 
-    (r,) = tp_bench.bench(["llama"], tmp_path, (2,))
+    r, pre = tp_bench.bench(["llama"], tmp_path, (2,), phases=("decode", "prefill"))
+    assert (pre["phase"], pre["batch"], pre["seq"], pre["backends"]["fusekit"]["errors"]) == ("prefill", 2, 16, 0)
+    # the prompt's 32 rows are a small all-reduce: fused with the add and RMSNorm after it as in a decode step
+    assert pre["backends"]["fusekit"]["sites"]["collective.all_reduce_add_rms_norm"] == 5, pre["backends"]
+    assert all(pre["backends"][be]["max_abs_vs_eager"] < 1e-4 for be in ("fusekit", "inductor"))
     fk, ind = r["backends"]["fusekit"], r["backends"]["inductor"]
     assert (r["tp"], r["process_group"], fk["errors"]) == (2, "gloo", 0)
     assert fk["sites"] == {"decode.mqa": 2, "decode_gemm.qkv": 2, "decode_gemm.gate_up_silu": 2,
@@ -115,7 +119,8 @@ def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
     assert fk["max_abs_vs_eager"] < 1e-4 and ind["max_abs_vs_eager"] < 1e-4
     assert "ms" not in fk and "speedup" not in r  # untimed on CPU
     assert json.loads((tmp_path / "tp.json").read_text())["steps"][0]["tp"] == 2
-    assert "| llama | 2 | gloo | 2 |" in (tmp_path / "tp.md").read_text()
+    md = (tmp_path / "tp.md").read_text()
+    assert "| llama | 2 | gloo | 2 | decode at 40 |" in md and "| llama | 2 | gloo | 2 | prefill 16 |" in md
 
 
 def test_collective_rewrite_options():

@@ -1,7 +1,7 @@
 """The ``fusekit`` command: bench, profile, explain, doctor.
 
     fusekit bench   [--phase prefill|decode|both] [--models gpt2,llama,...] [--modes ...] [--batch N --seq N] [--out DIR]
-    fusekit bench   --phase decode --tp 1,2 [--models llama,qwen2] [--batches 1,32]
+    fusekit bench   --phase decode|prefill|both --tp 1,2 [--models llama,qwen2] [--batches 1,32] [--batch 4 --seq 512]
     fusekit profile --model bert [--out DIR]
     fusekit explain --model gpt2
     fusekit doctor
@@ -54,12 +54,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.tp:
         from . import tp_bench
 
-        if phases != ("decode",) or a.quant or enable:
-            print("--tp runs the decode phase (--phase decode), without --quant or --enable", file=sys.stderr)
+        if a.quant or enable:
+            print("--tp runs without --quant or --enable", file=sys.stderr)
             return 2
         positions = ints(a.positions)
         tp_bench.bench(names, pathlib.Path(a.out), ints(a.tp), ints(a.batches), positions[0] if positions else None,
-                       tuple(a.ablate.split(",")) if a.ablate else ())
+                       tuple(a.ablate.split(",")) if a.ablate else (), tuple(reversed(phases)), a.batch, a.seq)
         return 0
     if a.cpu or not torch.cuda.is_available():
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
@@ -269,10 +269,11 @@ def parser() -> argparse.ArgumentParser:
                    help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
                         "int8-weight-only: Int8WeightOnlyConfig; fp8-rowwise: Float8DynamicActivationFloat8WeightConfig"
                         "(granularity=PerRow()), sm_89+")
-    b.add_argument("--tp", default=None, help="decode: comma-separated tensor-parallel sizes (transformers' "
+    b.add_argument("--tp", default=None, help="comma-separated tensor-parallel sizes (transformers' "
                    "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
-                   "batch (GPU default batches 1,32, position 1024); without a GPU the tiny models over gloo, "
-                   "rules and logits checked. Writes tp.md/.json/.png")
+                   "batch, decode steps (GPU default batches 1,32, position 1024) and a prefill (--batch x --seq, "
+                   "GPU default 4 x 512) as --phase says; without a GPU the tiny models over gloo, rules and logits "
+                   "checked. Writes tp.md/.json/.png")
     b.add_argument("--ablate", default=None, help="--tp: comma-separated rule ids; each also timed as fusekit with "
                    "that rule off (options={'disable': [id]}), e.g. collective.all_reduce_add_rms_norm")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "

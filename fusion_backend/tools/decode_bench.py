@@ -164,13 +164,20 @@ class Step:
 
 
 class Prompt:
-    """`length` tokens per sequence into a StaticCache of `slots` slots at positions 0..length-1."""
+    """`length` tokens per sequence into a StaticCache of `slots` slots at positions 0..length-1 (a prefill). It
+    has Step's interface where tp_bench times either (a prompt rewrites its slots from 0 each call: nothing to
+    restore, no position)."""
 
-    def __init__(self, name: str, device: str, batch: int, length: int, slots: int):
+    def __init__(self, name: str, device: str, batch: int, length: int, slots: int,
+                 built: tuple[Any, dict[str, Any]] | None = None):
         from transformers import StaticCache
 
-        self.model, _, self.desc = models.make(name, device, None, batch, length)
+        if built is None:
+            self.model, _, self.desc = models.make(name, device, None, batch, length)
+        else:
+            self.model, self.desc = built[0], {**built[1], "batch": batch, "seq": length}
         cfg = self.model.config
+        self.cache_len = slots
         self.cache = StaticCache(config=cfg, max_cache_len=slots)
         g = torch.Generator().manual_seed(0)
         self.tokens = torch.randint(0, cfg.vocab_size, (batch, length), generator=g).to(device)
@@ -184,6 +191,15 @@ class Prompt:
         for n in self.lens:
             n.zero_()
         return fn(self.tokens, past_key_values=self.cache, cache_position=self.pos, use_cache=True).logits
+
+    def restore(self) -> None:
+        pass
+
+    def at(self, position: int) -> None:
+        pass
+
+    def repeated(self, fn: Callable[..., Any]) -> Callable[[], torch.Tensor]:
+        return lambda: self(fn)
 
 
 def copy_bandwidth(device: str) -> float:

@@ -1,8 +1,8 @@
-"""``fusekit bench --phase decode --tp N[,M]``: one decode step of a decoder sharded over N GPUs with transformers'
-tensor-parallel plan (``from_pretrained(path, tp_plan="auto")``: DTensor weights, functional all-reduces in the graph,
+"""``fusekit bench --phase decode|prefill|both --tp N[,M]``: one decode step (or a prefill: ``--seq`` tokens a sequence
+into the StaticCache) of a decoder sharded over N GPUs with transformers' tensor-parallel plan (``from_pretrained(path, tp_plan="auto")``: DTensor weights, functional all-reduces in the graph,
 one process a GPU over NCCL), Inductor against fusekit, each replayed as a CUDA graph on every rank. Per TP size and
-batch: ms per step (the slowest rank's), the ratio, the share of the per-GPU byte floor (the rank's weight shards and
-KV rows at the copy bandwidth), the rules fired on rank 0, compile times, and both backends' logits against the
+batch: ms per step (the slowest rank's), the ratio, the share of the per-GPU byte floor (decode: the rank's weight shards
+and KV rows at the copy bandwidth), the rules fired on rank 0, compile times, and both backends' logits against the
 sharded eager step's. TP size 1 is the unsharded model in one process, for the scaling in the same run.
 
 Without a GPU it runs the tiny configurations over gloo with fusekit's CPU references: rules and logits are checked,
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from . import models
 from .cuda_graphs import capture
-from .decode_bench import Step, _compile, copy_bandwidth, first_call, step_sites
+from .decode_bench import Prompt, Step, _compile, copy_bandwidth, first_call, step_sites
 
 BACKENDS = ("inductor", "fusekit")
 WITHOUT = "fusekit without "  # an ablation's backend: fusekit with one rule off (--ablate)
@@ -81,13 +81,18 @@ def _load(path: str, world: int, device: str, dtype: torch.dtype) -> Any:
 
 
 def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: int, device: str, cache_len: int,
-           bw: float | None, ablate: tuple[str, ...] = ()) -> dict:
-    """On every rank: one model's step at `batch`, eager (the reference), Inductor, fusekit and fusekit without each
-    rule of `ablate`; the result rank 0 keeps. `device` is this rank's."""
+           bw: float | None, ablate: tuple[str, ...] = (), phase: str = "decode", seq: int = 512) -> dict:
+    """On every rank: one model's step at `batch` (a decode step at `position`, or a prefill of `seq` tokens), eager
+    (the reference), Inductor, fusekit and fusekit without each rule of `ablate`; the result rank 0 keeps. `device`
+    is this rank's."""
     cpu = device == "cpu"
     dtype = getattr(torch, desc["dtype"])
-    st = Step(name, device, batch, cache_len, built=(_load(path, world, device, dtype), desc))
-    res: dict[str, Any] = {**st.desc, "tp": world, "batch": batch, "position": position, "cache_len": st.cache_len,
+    built = (_load(path, world, device, dtype), desc)
+    prefill = phase == "prefill"
+    st = Prompt(name, device, batch, seq, cache_len, built=built) if prefill else Step(name, device, batch, cache_len,
+                                                                                       built=built)
+    res: dict[str, Any] = {**st.desc, "phase": phase, "tp": world, "batch": batch,
+                           "position": None if prefill else position, "cache_len": st.cache_len,
                            "process_group": dist.get_backend() if world > 1 else "-",
                            "backends": {}}
     logits: dict[str, torch.Tensor] = {}
@@ -115,10 +120,12 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
             del graphs, timed
             for be, ts in rounds.items():
                 res["backends"][be]["ms"] = _max_over_ranks(statistics.median(ts), device)
-            floor_s = (st.weight_bytes() + st.kv_bytes(position)) / bw
-            res["floor_ms"] = _max_over_ranks(floor_s * 1e3, device)
             i, f = res["backends"]["inductor"]["ms"], res["backends"]["fusekit"]["ms"]
-            res["speedup"], res["floor_frac"] = i / f, res["floor_ms"] / f
+            res["speedup"] = i / f
+            if not prefill:  # a prefill's floor is its arithmetic, not its bytes
+                floor_s = (st.weight_bytes() + st.kv_bytes(position)) / bw
+                res["floor_ms"] = _max_over_ranks(floor_s * 1e3, device)
+                res["floor_frac"] = res["floor_ms"] / f
             for r in ablate:  # what the rule gains: fusekit without it over fusekit
                 res["backends"][WITHOUT + r]["gain"] = res["backends"][WITHOUT + r]["ms"] / f
         del steps
@@ -129,8 +136,9 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
     return res
 
 
-def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: tuple[int, ...],
-          position: int, cache_len: int, out: str, ablate: tuple[str, ...]) -> None:
+def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: dict[str, tuple[int, ...]],
+          position: int, cache_len: int, out: str, ablate: tuple[str, ...], phases: tuple[str, ...],
+          seq: int) -> None:
     os.environ.update(NO_MULTICAST)
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else f"cuda:{rank}"
@@ -142,8 +150,8 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         bw = None if cpu else copy_bandwidth(device)
         results = []
         for name, desc, path in jobs:
-            for b in batches:
-                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw, ablate)
+            for phase, b in [(p, b) for p in phases for b in batches[p]]:
+                r = run_tp(name, desc, path, world, b, position, device, cache_len, bw, ablate, phase, seq)
                 if rank == 0:
                     r["copy_gbps"] = bw / 1e9 if bw else None
                     results.append(r)
@@ -157,45 +165,54 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
 
 def _line(r: dict) -> str:
     i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
-    timed = (f"  {i['ms']:.3f} -> {f['ms']:.3f} ms ({r['speedup']:.2f}x, floor {r['floor_frac']:.0%})"
-             if "ms" in f else "")
+    floor = f", floor {r['floor_frac']:.0%}" if "floor_frac" in r else ""
+    timed = f"  {i['ms']:.3f} -> {f['ms']:.3f} ms ({r['speedup']:.2f}x{floor})" if "ms" in f else ""
     timed += "".join(f"; {be} {v['ms']:.3f} ms" for be, v in r["backends"].items() if "gain" in v)
-    return (f"  {r['model']:8s} tp{r['tp']} {r['process_group']:8s} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
+    return (f"  {r['model']:8s} tp{r['tp']} {r['process_group']:8s} {_step(r):12s} b{r['batch']:<3d}{timed}  err vs eager fusekit {f['max_abs_vs_eager']:.2e}"
             f" inductor {i['max_abs_vs_eager']:.2e}  fused {f['sites']}")
+
+
+def _step(r: dict) -> str:
+    return f"prefill {r['seq']}" if r.get("phase") == "prefill" else f"decode at {r['position']}"
 
 
 def markdown(results: list[dict], env: dict) -> str:
     ablated = list(dict.fromkeys(be for r in results for be in r["backends"] if be.startswith(WITHOUT)))
     where = f"{env['gpus']} x {env['device']}" if env["gpus"] else f"{env['device']}, gloo ranks, nothing timed"
-    lines = [f"# fusekit tensor-parallel decode step on {where}",
+    cache = results[0]["cache_len"] if results else "-"
+    lines = [f"# fusekit tensor-parallel steps on {where}",
              "",
              f"torch {env['torch']}, transformers {env['transformers']}; transformers' tp_plan=\"auto\" (TP 1: the "
-             f"unsharded model); one decode step at position {results[0]['position'] if results else '-'} of a "
-             "StaticCache, CUDA graphs for both backends; ms per step of the slowest rank (median of "
-             f"{ROUNDS} rounds of {REPS} replays); floor: the rank's weight shards + KV rows at the copy bandwidth.",
+             f"unsharded model); a decode step at a position of a {cache}-slot StaticCache, or a prefill "
+             "of a prompt into it from slot 0; CUDA graphs for both backends; ms per step of the slowest rank "
+             f"(median of {ROUNDS} rounds of {REPS} replays); floor (decode): the rank's weight shards + KV rows at "
+             "the copy bandwidth.",
              "",
-             "| model | TP | process group | batch | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | floor share "
+             "| model | TP | process group | batch | step | Inductor ms | fusekit ms | speed-up | per-GPU floor ms | "
+             "floor share "
              + "".join(f"| {be} ms (the rule's gain) " for be in ablated)
              + "| max abs vs eager (Inductor / fusekit) | compile fusekit / Inductor | rules fired (rank 0) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(ablated)]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(ablated)]
     f3 = lambda x: f"{x:.3f}" if isinstance(x, float) else "-"  # noqa: E731
     for r in results:
         i, f = r["backends"]["inductor"], r["backends"]["fusekit"]
         without = [r["backends"].get(be, {}) for be in ablated]
         lines.append(
-            f"| {r['model']} | {r['tp']} | {r['process_group']} | {r['batch']} | {f3(i.get('ms'))} | {f3(f.get('ms'))} | "
-            + (f"{r['speedup']:.2f}x | {r['floor_ms']:.3f} | {r['floor_frac']:.0%} | " if "speedup" in r
-               else "- | - | - | ")
+            f"| {r['model']} | {r['tp']} | {r['process_group']} | {r['batch']} | {_step(r)} | {f3(i.get('ms'))} | "
+            f"{f3(f.get('ms'))} | "
+            + (f"{r['speedup']:.2f}x | " if "speedup" in r else "- | ")
+            + (f"{r['floor_ms']:.3f} | {r['floor_frac']:.0%} | " if "floor_frac" in r else "- | - | ")
             + "".join(f"{f3(w['ms'])} ({w['gain']:.2f}x) | " if "gain" in w else "- | " for w in without)
             + f"{i['max_abs_vs_eager']:.2e} / {f['max_abs_vs_eager']:.2e} | "
             f"{f['compile_s'] / i['compile_s']:.2f}x | "
             + ", ".join(f"{k.split('.', 1)[1]} x{v}" for k, v in sorted(f["sites"].items())) + " |")
-    misses = {(r["model"], r["tp"]): r["backends"]["fusekit"]["near_misses"] for r in results}
+    misses = {(r["model"], r["tp"], r.get("phase", "decode")): r["backends"]["fusekit"]["near_misses"]
+              for r in results}
     misses = {k: v for k, v in misses.items() if v}
     if misses:
         lines += ["", "Near misses (rank 0):"]
-        lines += [f"- {m} tp{t}: " + "; ".join(f"{g['pattern']} x{g['count']}: {g['example']}" for g in v)
-                  for (m, t), v in misses.items()]
+        lines += [f"- {m} tp{t} {ph}: " + "; ".join(f"{g['pattern']} x{g['count']}: {g['example']}" for g in v)
+                  for (m, t, ph), v in misses.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -210,9 +227,10 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
 
     fig, ax = plt.subplots(figsize=(max(5, len(rows) * 0.8), 3.5))
     ax.bar(range(len(rows)), [r["speedup"] for r in rows])
-    ax.set_xticks(range(len(rows)), [f"{r['model']}\ntp{r['tp']} b{r['batch']}" for r in rows], fontsize=7)
+    ax.set_xticks(range(len(rows)), [f"{r['model']}\ntp{r['tp']} b{r['batch']}\n{_step(r)}" for r in rows],
+                  fontsize=7)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_ylabel("fusekit speed vs Inductor (decode step)")
+    ax.set_ylabel("fusekit speed vs Inductor (step)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -227,7 +245,9 @@ def _unshardable(config: Any, tp: int) -> str | None:
 
 
 def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tuple[int, ...] | None = None,
-          position: int | None = None, ablate: tuple[str, ...] = ()) -> list[dict]:
+          position: int | None = None, ablate: tuple[str, ...] = (), phases: tuple[str, ...] = ("decode",),
+          prefill_batch: int | None = None, seq: int | None = None) -> list[dict]:
+    """`batches`: the decode steps'; `prefill_batch` x `seq`: the prefill's prompt (GPU default 4 x 512)."""
     import torch.multiprocessing as mp
 
     from .e2e import environment
@@ -236,14 +256,17 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
     gpus = 0 if cpu else torch.cuda.device_count()
     if not cpu and max(tps) > gpus:
         raise SystemExit(f"--tp {max(tps)} needs {max(tps)} GPUs; this machine has {gpus}")
-    batches = batches or ((2,) if cpu else (1, 32))
+    per_phase = {"decode": batches or ((2,) if cpu else (1, 32)), "prefill": (prefill_batch or (2 if cpu else 4),)}
+    per_phase = {p: per_phase[p] for p in phases}
     cache_len = 64 if cpu else 4096
     position = position or (40 if cpu else 1024)
+    seq = seq or (16 if cpu else 512)
     env = {**environment(), "gpus": gpus}
     out.mkdir(parents=True, exist_ok=True)
-    print(f"fusekit bench --phase decode --tp {','.join(map(str, tps))} on {env['device']} x{gpus} "
-          f"(torch {env['torch']}): {', '.join(names)}; batches {batches}; position {position} of {cache_len}",
-          flush=True)
+    print(f"fusekit bench --phase {','.join(phases)} --tp {','.join(map(str, tps))} on {env['device']} x{gpus} "
+          f"(torch {env['torch']}): {', '.join(names)}; "
+          + "; ".join(f"decode batches {b} at position {position} of {cache_len}" if p == "decode"
+                      else f"prefill {b[0]} x {seq}" for p, b in per_phase.items()), flush=True)
     results: list[dict] = []
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
@@ -264,7 +287,8 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
             if not runs:
                 continue
             part = pathlib.Path(tmp) / f"tp{tp}.json"
-            mp.spawn(_rank, args=(tp, free_port(), runs, batches, position, cache_len, str(part), ablate), nprocs=tp)
+            mp.spawn(_rank, args=(tp, free_port(), runs, per_phase, position, cache_len, str(part), ablate, phases, seq),
+                     nprocs=tp)
             results += json.loads(part.read_text())
             (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "tp.md").write_text(markdown(results, env))
