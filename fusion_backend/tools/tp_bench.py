@@ -1,6 +1,7 @@
-"""``fusekit bench --phase decode|prefill|both --tp N[,M]``: one decode step (or a prefill: ``--seq`` tokens a sequence
-into the StaticCache) of a decoder sharded over N GPUs with transformers' tensor-parallel plan (``from_pretrained(path, tp_plan="auto")``: DTensor weights, functional all-reduces in the graph,
-one process a GPU over NCCL), Inductor against fusekit, each replayed as a CUDA graph on every rank. Per TP size and
+"""``fusekit bench --phase decode|prefill|both --tp N[,M]``: one decode step (or a prefill: ``--seq`` tokens a
+sequence into the StaticCache) of a decoder sharded over N GPUs with transformers' tensor-parallel plan
+(``from_pretrained(path, tp_plan="auto")``: DTensor weights, functional all-reduces in the graph, one process a GPU
+over NCCL), Inductor against fusekit, each replayed as a CUDA graph on every rank. Per TP size and
 batch: ms per step (the slowest rank's), the ratio, the share of the per-GPU byte floor (decode: the rank's weight shards
 and KV rows at the copy bandwidth), the rules fired on rank 0, compile times, and both backends' logits against the
 sharded eager step's. TP size 1 is the unsharded model in one process, for the scaling in the same run.
