@@ -162,14 +162,15 @@ def _fused_norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
     world = dist.get_world_size(_group(group_name))
     # a slot per rank, in two halves the calls alternate, empty at first
     buf, h = _symmetric("all_reduce_add_rms_norm", (2, world, *x.shape), x, group_name, _EMPTY[x.element_size()])
-    # a block waits for the same block of every peer: no more than the GPU runs at once (one a multiprocessor)
-    blocks = torch.cuda.get_device_properties(x.device).multi_processor_count
     key = (group_name, tuple(x.shape), x.dtype, x.device.index)
-    if key not in _EPOCHS:  # each block's count of calls, on the device: it advances with every graph replay
-        _EPOCHS[key] = torch.zeros(blocks, dtype=torch.int32, device=x.device)
+    epochs = _EPOCHS.get(key)
+    if epochs is None:  # each block's count of calls, on the device: it advances with every graph replay
+        # a block waits for the same block of every peer: no more than the GPU runs at once (one a multiprocessor)
+        blocks = torch.cuda.get_device_properties(x.device).multi_processor_count
+        epochs = _EPOCHS[key] = torch.zeros(blocks, dtype=torch.int32, device=x.device)
     return torch.ops.fusekit.all_reduce_add_rms_norm_p2p(
-        x, None if residual is None else _aligned(residual), weight.contiguous(), eps, buf, _EPOCHS[key],
-        h.buffer_ptrs_dev, buf.data_ptr() - h.buffer_ptrs[h.rank], h.rank, h.world_size, blocks)
+        x, None if residual is None else _aligned(residual), weight.contiguous(), eps, buf, epochs,
+        h.buffer_ptrs_dev, buf.data_ptr() - h.buffer_ptrs[h.rank], h.rank, h.world_size, epochs.numel())
 
 
 def _group(group_name: str) -> Any:

@@ -233,8 +233,8 @@ std::tuple<at::Tensor, at::Tensor> all_reduce_add_rms_norm_p2p_cuda(
     all_reduce_add_rms_norm_kernel<T><<<blocks, threads, 0, stream>>>(
         x.const_data_ptr<T>(), residual ? residual->const_data_ptr<T>() : nullptr, weight.const_data_ptr<T>(),
         out.data_ptr<T>(), h.data_ptr<T>(), buffer.data_ptr<T>(), reinterpret_cast<T* const*>(buffer_ptrs),
-        buffer_offset, reinterpret_cast<uint32_t*>(epochs.data_ptr<int>()), static_cast<int>(rank), static_cast<int>(world_size), rows,
-        H, static_cast<float>(eps));
+        buffer_offset, reinterpret_cast<uint32_t*>(epochs.data_ptr<int>()), static_cast<int>(rank),
+        static_cast<int>(world_size), rows, H, static_cast<float>(eps));
   };
   if (x.scalar_type() == at::kBFloat16) launch(c10::BFloat16{});
   else launch(float{});

@@ -1,9 +1,9 @@
 """``fusekit bench --phase decode|prefill|both --tp N[,M]``: one decode step (or a prefill: ``--seq`` tokens a
 sequence into the StaticCache) of a decoder sharded over N GPUs with transformers' tensor-parallel plan
 (``from_pretrained(path, tp_plan="auto")``: DTensor weights, functional all-reduces in the graph, one process a GPU
-over NCCL), Inductor against fusekit, each replayed as a CUDA graph on every rank. Per TP size and
-batch: ms per step (the slowest rank's), the ratio, the share of the per-GPU byte floor (decode: the rank's weight shards
-and KV rows at the copy bandwidth), the rules fired on rank 0, compile times, and both backends' logits against the
+over NCCL), Inductor against fusekit, each replayed as a CUDA graph on every rank. Per TP size and batch: ms per
+step (the slowest rank's), the ratio, the share of the per-GPU byte floor (decode: the rank's weight shards and KV
+rows at the copy bandwidth), the rules fired on rank 0, compile times, and both backends' logits against the
 sharded eager step's. TP size 1 is the unsharded model in one process, for the scaling in the same run.
 
 Without a GPU it runs the tiny configurations over gloo with fusekit's CPU references: rules and logits are checked,
@@ -138,8 +138,8 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
 
 
 def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], batches: dict[str, tuple[int, ...]],
-          position: int, cache_len: int, out: str, ablate: tuple[str, ...], phases: tuple[str, ...],
-          seq: int) -> None:
+          position: int, cache_len: int, out: str, ablate: tuple[str, ...], seq: int) -> None:
+    """`batches`: each phase's (decode, prefill), in the order run."""
     os.environ.update(NO_MULTICAST)
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else f"cuda:{rank}"
@@ -151,7 +151,7 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         bw = None if cpu else copy_bandwidth(device)
         results = []
         for name, desc, path in jobs:
-            for phase, b in [(p, b) for p in phases for b in batches[p]]:
+            for phase, b in [(p, b) for p, bs in batches.items() for b in bs]:
                 r = run_tp(name, desc, path, world, b, position, device, cache_len, bw, ablate, phase, seq)
                 if rank == 0:
                     r["copy_gbps"] = bw / 1e9 if bw else None
@@ -288,7 +288,7 @@ def bench(names: list[str], out: pathlib.Path, tps: tuple[int, ...], batches: tu
             if not runs:
                 continue
             part = pathlib.Path(tmp) / f"tp{tp}.json"
-            mp.spawn(_rank, args=(tp, free_port(), runs, per_phase, position, cache_len, str(part), ablate, phases, seq),
+            mp.spawn(_rank, args=(tp, free_port(), runs, per_phase, position, cache_len, str(part), ablate, seq),
                      nprocs=tp)
             results += json.loads(part.read_text())
             (out / "tp.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
