@@ -17,6 +17,7 @@ class Options:
     report: bool = False               # explain reused intermediates and keep the graph's code
     # the rewrites of tensor-parallel all-reduces that are on (collectives.py: one-shot, fused with add + RMSNorm)
     collectives: tuple[str, ...] = ()
+    window_roll: bool = True           # a full sliding window's roll in place (kv_cache.py)
     # Inductor settings the pass may set, per family, where one of the family's rules fired (the backend offers
     # those of registry.InductorSettings that the device and the user's own options allow): (family, keys).
     inductor: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -34,7 +35,7 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     """-> (fusekit's Options, Inductor's config patches: the mode's, then every other key of `options`)."""
     from torch._inductor import list_mode_options
 
-    from . import collectives, table
+    from . import collectives, kv_cache, table
 
     opts = dict(options or {})
     opt_mode = opts.pop("mode", None)
@@ -49,23 +50,26 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     if named is not None and extra:
         raise ValueError("fusekit: options['patterns'] and ['enable'] together; name every rule in 'patterns'")
     off = _as_names(disable, "disable") if disable else ()
-    # the collective rewrites are not table rules: on unless disabled, or left out of a list of named rules (the
-    # family's name stands for both; the fused one needs the one-shot one)
+    # the collective and KV-cache rewrites are not table rules: on unless disabled, or left out of a list of named
+    # rules (a family's name stands for its rules; the fused collective needs the one-shot one)
     coll = (collectives.FAMILY, *collectives.RULES)
+    graph_rules = (*coll, kv_cache.FAMILY, kv_cache.RULE)
 
-    def on(rule: str) -> bool:
-        return not any(n in (collectives.FAMILY, rule) for n in off) and (
-            named is None or any(n in (collectives.FAMILY, rule) for n in named))
+    def on(rule: str, family: str = collectives.FAMILY) -> bool:
+        return not any(n in (family, rule) for n in off) and (
+            named is None or any(n in (family, rule) for n in named))
 
     norm = on(collectives.NORM_RULE) and collectives.RULE not in off  # (naming it alone names the one-shot too)
     coll_on = tuple(r for r, v in ((collectives.RULE, on(collectives.RULE) or norm), (collectives.NORM_RULE, norm))
                     if v)
-    off = tuple(n for n in off if n not in coll)
-    named = None if named is None else tuple(n for n in named if n not in coll)
+    roll = on(kv_cache.RULE, kv_cache.FAMILY)
+    off = tuple(n for n in off if n not in graph_rules)
+    named = None if named is None else tuple(n for n in named if n not in graph_rules)
     fk = Options(
         patterns=table.select(named, off),
         forced=table.select(named) if named is not None else table.select(extra, off) if extra else (),
         collectives=coll_on,
+        window_roll=roll,
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
         report=bool(opts.pop("report", False)),

@@ -23,7 +23,7 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import _ext, collectives, guards, lowered, matcher, registry, table, unpad
+from . import _ext, collectives, guards, kv_cache, lowered, matcher, registry, table, unpad
 from .guards import SiteFailure
 from .options import Options
 from .stats import NearMiss, PassRun, new_record, publish
@@ -34,7 +34,7 @@ _PKG = pathlib.Path(__file__).resolve().parent
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
 ENGINE = ("backend", "options", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops",
-          "verify", "unpad", "lowered", "_ext", "collectives")
+          "verify", "unpad", "lowered", "_ext", "collectives", "kv_cache")
 
 
 def source_files() -> tuple[str, ...]:
@@ -108,6 +108,8 @@ class FusekitPass(CustomGraphPass):
                     _record_misses(run, misses)
                 unpad.restore(graph, padded)
                 absorb_output_casts(graph, record)
+                if self.options.window_roll:
+                    kv_cache.rewrite(graph, record, self.options.cpu_reference)
                 if self.options.collectives:
                     collectives.rewrite(graph, record, self.options.cpu_reference, self.options.collectives)
                 return

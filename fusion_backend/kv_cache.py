@@ -1,0 +1,168 @@
+"""A full sliding-window KV cache's step, in place: ``fusekit::window_roll_``.
+
+Once its window is full, transformers' ``StaticSlidingWindowLayer`` moves the window one slot to the left at every
+decode step: ``new = cache.roll(-1, dims=-2); new[:, :, [-1]] = k; cache.copy_(new)``. The post-grad graph holds
+that as a gather (the roll: ``index`` by ``(arange(W) + 1) % W``), an ``index_put`` of the last slot, and a ``copy_``
+of the result back into the cache (a graph input); the layer's attention reads the gathered buffer. Inductor runs
+it as two reads and two writes of the window per layer (Mistral-style at batch 32, window 1024: 256 MB a layer);
+the op does one of each, and the attention reads the cache itself.
+
+Not a table rule: the rewrite removes a mutation of a graph input (the ``copy_``) and puts an op that mutates it
+in place where the gathered buffer was made, which only holds when nothing else reads the cache in between.
+The roll's index and the last slot's index are evaluated (constants made of iota/arange/add/fmod/full), so
+any spelling that computes the same permutation matches.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _ext
+from .ops import LIB
+from .stats import NearMiss, describe
+
+FAMILY = "cache"
+RULE = "cache.window_roll"
+KERNEL = "window_roll_"  # csrc/decode/window_roll.cu
+aten = torch.ops.aten
+_CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
+              aten.add.Tensor, aten.add.Scalar, aten.fmod.Scalar, aten.fmod.Tensor, aten.remainder.Scalar,
+              aten.remainder.Tensor, aten.full.default, aten.scalar_tensor.default, aten.lift_fresh_copy.default,
+              aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+_MAX_CONST = 1 << 20  # elements of an index evaluated at compile time
+
+LIB.define("window_roll_(Tensor(a!) cache, Tensor new) -> ()")
+
+
+@torch.library.register_fake("fusekit::window_roll_")
+def _fake(cache: Tensor, new: Tensor) -> None:
+    return None
+
+
+def window_roll_ref(cache: Tensor, new: Tensor) -> None:
+    """cache [B, H, W, D] one slot to the left, new [B, H, 1, D] in its last slot (in place)."""
+    cache.copy_(torch.cat([cache[:, :, 1:], new.to(cache.dtype)], dim=2))
+
+
+torch.library.impl("fusekit::window_roll_", "CPU")(window_roll_ref)
+
+
+def _value(node: object, depth: int = 0) -> Tensor | int | float | None:
+    """A compile-time constant's value (on the CPU), or None where `node` depends on an input."""
+    if not isinstance(node, torch.fx.Node):
+        return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+    if node.op != "call_function" or node.target not in _CONST_OPS or depth > 8:
+        return None
+    val = node.meta.get("val")
+    if isinstance(val, Tensor) and (val.numel() > _MAX_CONST or not all(isinstance(d, int) for d in val.shape)):
+        return None
+    args = []
+    for a in node.args:
+        v = _value(a, depth + 1) if isinstance(a, torch.fx.Node) else a
+        if v is None or isinstance(v, torch.fx.Node):
+            return None
+        args.append(v)
+    kwargs = {k: (torch.device("cpu") if k == "device" else v) for k, v in node.kwargs.items()}
+    if any(isinstance(v, torch.fx.Node) for v in kwargs.values()):
+        return None
+    try:
+        return node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - not evaluable here: no match
+        return None
+
+
+def _index_arg(node: torch.fx.Node) -> tuple[torch.fx.Node, object] | None:
+    """(source, the index along dim 2) of ``index(src, [None, None, i])`` or ``index_select(src, 2, i)``."""
+    if node.target is aten.index.Tensor:
+        src, idx = node.args[:2]
+        if len(idx) == 3 and idx[0] is None and idx[1] is None and idx[2] is not None:
+            return src, idx[2]
+    elif node.target is aten.index_select.default and node.args[1] in (2, -2):
+        return node.args[0], node.args[2]
+    return None
+
+
+def _match(copy: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
+    """(cache, put, gather, new) where ``copy`` is ``copy_(cache, index_put(gather(cache), [.., .., last], new))``
+    with the gather the roll by one slot to the left; None elsewhere."""
+    cache, put = copy.args[:2]
+    if cache.op != "placeholder" or not isinstance(put, torch.fx.Node) or \
+            put.target not in (aten.index_put_.default, aten.index_put.default):
+        return None
+    gather, idx, new = put.args[:3]
+    accumulate = put.args[3] if len(put.args) > 3 else put.kwargs.get("accumulate", False)
+    if accumulate or not isinstance(gather, torch.fx.Node) or len(idx) != 3 or idx[0] is not None \
+            or idx[1] is not None:
+        return None
+    got = _index_arg(gather)
+    if got is None or got[0] is not cache:
+        return None
+    cval, nval = cache.meta.get("val"), getattr(new, "meta", {}).get("val")
+    if not isinstance(cval, Tensor) or not isinstance(nval, Tensor) or cval.dim() != 4 or nval.dim() != 4:
+        return None
+    if not all(isinstance(d, int) for d in (*cval.shape, *nval.shape)):
+        return None
+    b, h, w, d = cval.shape
+    if tuple(nval.shape) != (b, h, 1, d) or w < 1:
+        return None
+    roll, last = _value(got[1]), _value(idx[2])
+    if not isinstance(roll, Tensor) or not isinstance(last, Tensor) or roll.shape != (w,) or last.numel() != 1:
+        return None
+    if not torch.equal(roll.long(), (torch.arange(w) + 1) % w) or int(last.reshape(())) % w != w - 1:
+        return None
+    return cache, put, gather, new
+
+
+def _why_not(cache: torch.fx.Node, put: torch.fx.Node, gather: torch.fx.Node, copy: torch.fx.Node,
+             new: torch.fx.Node, cpu_reference: bool) -> str | None:
+    if set(cache.users) != {gather, copy}:
+        return f"the cache is read elsewhere in the step ({', '.join(u.name for u in cache.users)})"
+    if set(gather.users) != {put}:
+        return "the rolled window is read before its last slot is written"
+    cval, nval = cache.meta["val"], new.meta["val"]
+    if nval.dtype != cval.dtype:
+        return f"new rows of {nval.dtype} into a {cval.dtype} cache"
+    if cval.device.type == "cpu":
+        return None if cpu_reference else "device cpu"
+    if cval.device.type != "cuda":
+        return f"device {cval.device.type}"
+    es, d = cval.element_size(), cval.shape[3]
+    if es not in (1, 2, 4) or cval.stride(3) != 1 or (d * es) % 16 or any(cval.stride(i) * es % 16 for i in range(3)):
+        return f"cache layout {tuple(cval.shape)} strides {cval.stride()}: rows of 16-byte chunks only"
+    return _ext.missing_cuda_kernel(KERNEL, cval.device)
+
+
+def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
+    """Each full sliding window's roll + last-slot write + copy back as ``fusekit::window_roll_`` (in place)."""
+    for copy in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
+        m = _match(copy)
+        if m is None:
+            continue
+        cache, put, gather, new = m
+        why = _why_not(cache, put, gather, copy, new, cpu_reference)
+        if why is not None:
+            record.near_misses.append(NearMiss(RULE, describe(put), why))
+            continue
+        with graph.inserting_before(put):
+            op = graph.call_function(torch.ops.fusekit.window_roll_.default, (cache, new))
+        op.meta["val"] = None
+        op.meta["stack_trace"] = put.meta.get("stack_trace")
+        graph.erase_node(copy)
+        put.replace_all_uses_with(cache)
+        graph.erase_node(put)
+        _erase_dead(graph, gather)
+        record.sites[RULE] += 1
+        record.nodes_replaced[RULE] += 3
+        record.fused_sites.append((RULE, describe(op)))
+
+
+def _erase_dead(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """`node` and whatever fed only it (the roll's index chain), once nothing reads them."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n.op != "call_function" or n.users:
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        todo += [a for a in inputs if not a.users and a.op == "call_function"]
