@@ -402,3 +402,104 @@ def test_prefill_against_a_static_cache_fires_and_matches_inductor(name):
     assert err <= 2 * err_eager + 1e-3, (err, err_eager)
     k = p.cache.layers[0].keys[:, :, :300].float()
     assert (k - k_eager.float()).norm() / k_eager.float().norm() < 1e-2
+
+
+# ---- fusekit::window_roll_: a full sliding window's step, in place (fusion_backend/kv_cache.py) ----------------
+roll = torch.ops.fusekit.window_roll_
+
+
+def _bits(t):
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn],
+                         ids=["fp16", "bf16", "fp32", "fp8"])
+@pytest.mark.parametrize("shape", [(32, 4, 1024, 128), (1, 1, 5, 64), (2, 3, 4096, 256), (3, 2, 1, 128),
+                                   (2, 8, 1000, 80), (1, 2, 333, 16), (64, 1, 512, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_window_roll_exact(shape, dt):
+    """Every slot moved bit for bit, the new row in the last; the cache a slice of a larger buffer (its first head
+    untouched) and the new row strided, as they come in a model."""
+    b, h, w, d = shape
+    if d * dt.itemsize % 16:
+        pytest.skip("rows of 16-byte chunks only")
+    big = torch.randn(b, h + 1, w, d, device="cuda").to(dt)
+    cache, head0 = big[:, 1:], big[:, 0].clone()
+    new = torch.randn(b, 1, h, d, device="cuda").to(dt).transpose(1, 2)
+    want = torch.cat([_bits(cache)[:, :, 1:], _bits(new)], 2)
+    roll(cache, new)
+    assert torch.equal(_bits(cache), want) and torch.equal(_bits(big[:, 0]), _bits(head0))
+
+
+def test_window_roll_in_a_cuda_graph():
+    cache, new = torch.randn(8, 4, 1024, 128, device="cuda", dtype=torch.bfloat16), torch.randn(
+        8, 4, 1, 128, device="cuda", dtype=torch.bfloat16)
+    want = cache.clone()
+    for _ in range(3):
+        want = torch.cat([want[:, :, 1:], new], 2)
+    g = torch.cuda.CUDAGraph()
+    work = cache.clone()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        roll(work, new)  # warm-up (and a first step)
+        with torch.cuda.graph(g, stream=s):
+            roll(work, new)
+    torch.cuda.synchronize()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(work, want)
+
+
+def test_window_roll_bad_calls():
+    cache = torch.randn(2, 4, 64, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="window_roll_"):
+        roll(cache, torch.randn(2, 4, 2, 128, device="cuda", dtype=torch.bfloat16))  # two new rows
+    with pytest.raises(RuntimeError, match="window_roll_"):
+        roll(cache, torch.randn(2, 4, 1, 128, device="cuda", dtype=torch.float16))  # another dtype
+    with pytest.raises(RuntimeError, match="window_roll_"):
+        roll(torch.randn(2, 4, 64, 4, device="cuda", dtype=torch.bfloat16),
+             torch.randn(2, 4, 1, 4, device="cuda", dtype=torch.bfloat16))  # 8-byte rows
+    with pytest.raises(RuntimeError, match="window_roll_"):
+        roll(cache[..., ::2], torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16))  # strided rows
+
+
+def test_full_sliding_window_steps_under_cuda_graphs():
+    """A Mistral-style model (window 1024 of a 2048-slot cache) at positions 1500-1502: every layer's window is full
+    and rolls. fusekit under CUDA graphs takes each roll in place; its logits within 2x Inductor's error against
+    eager, the moved rows bit for bit eager's."""
+    from fusion_backend import stats
+    from fusion_backend.backend import backend
+    from fusion_backend.report import Report, no_compile_caches
+    from fusion_backend.tools import decode_bench
+
+    st = decode_bench.Step("mistral", "cuda", 4, 2048)
+    layers = st.model.config.num_hidden_layers
+
+    def run(fn):
+        st.restore()
+        outs = []
+        with torch.no_grad():
+            for i in range(3):
+                st.at(1500 + i)
+                torch.compiler.cudagraph_mark_step_begin()
+                outs.append(st(fn).float().clone())
+        return outs, [(layer.keys.clone(), layer.values.clone()) for layer in st.cache.layers]
+
+    eager, rows_e = run(st.model)
+    torch._dynamo.reset()
+    ind, _ = run(torch.compile(st.model, mode="reduce-overhead"))
+    torch._dynamo.reset()
+    with stats.collect() as records, no_compile_caches():
+        fk, rows_f = run(torch.compile(st.model, backend=backend(mode="reduce-overhead")))
+    torch._dynamo.reset()
+    rep = Report(list(records))
+    assert rep.sites["cache.window_roll"] >= 2 * layers and not rep.errors, str(rep)
+    for e, i, f in zip(eager, ind, fk):
+        err, err_ind = (f - e).abs().max().item(), (i - e).abs().max().item()
+        assert err <= 2 * err_ind + 1e-3, (err, err_ind)
+    for (ke, ve), (kf, vf) in zip(rows_e, rows_f):
+        w = ke.shape[2]
+        assert torch.equal(ke[:, :, :w - 3], kf[:, :, :w - 3]) and torch.equal(ve[:, :, :w - 3], vf[:, :, :w - 3])
+        for a, b in ((ke, kf), (ve, vf)):
+            rel = (a[:, :, w - 3:].float() - b[:, :, w - 3:].float()).norm() / a[:, :, w - 3:].float().norm()
+            assert rel < 0.05, rel.item()

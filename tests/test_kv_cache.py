@@ -1,0 +1,114 @@
+"""fusekit::window_roll_ and its rewrite (kv_cache.py) on CPU: the op against torch.roll, opcheck, the rewrite where
+a full sliding window rolls (transformers' StaticSlidingWindowLayer, and the same steps written by hand), the caches
+and logits after the step as eager leaves them, and where it must not fire (another shift, the cache read elsewhere,
+the rule disabled). The kernel's own tests: tests/test_decode_gpu.py."""
+import pytest
+import torch
+
+import fusion_backend
+from fusion_backend.kv_cache import RULE, window_roll_ref
+
+op = torch.ops.fusekit.window_roll_
+
+
+def _rolled(cache, new):
+    out = cache.roll(-1, dims=-2)
+    out[:, :, -1:] = new
+    return out
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 8), (1, 1, 1, 4), (3, 2, 64, 16)])
+def test_op_is_roll_and_last_slot(shape):
+    cache = torch.randn(shape)
+    new = torch.randn(shape[0], 1, shape[1], shape[3]).transpose(1, 2)  # strided, as q/k come
+    want = _rolled(cache, new)
+    op(cache, new)
+    assert torch.equal(cache, want)
+    torch.library.opcheck(op, (torch.randn(shape), torch.randn(shape[0], shape[1], 1, shape[3])))
+
+
+def _step(cache, k, shift=-1):
+    """The full sliding window's update as transformers writes it, then a read of the window."""
+    new = cache.roll(shift, dims=-2)
+    new[:, :, torch.tensor([-1])] = k
+    cache.copy_(new)
+    return cache.sum(-1) * 2
+
+
+def _compiled(fn, *args, **options):
+    rep = fusion_backend.explain(fn, *args, options={"cpu_reference": True, **options})
+    return rep.output, rep
+
+
+@pytest.mark.parametrize("shift,fires", [(-1, True), (-2, False), (1, False)])
+def test_rewrite_fires_only_for_the_roll_by_one(shift, fires):
+    cache, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 1, 8)
+    want_cache = cache.clone()
+    want = _step(want_cache, k, shift)
+    got_cache = cache.clone()
+    out, rep = _compiled(lambda c, x: _step(c, x, shift), got_cache, k)
+    assert rep.sites[RULE] == int(fires), str(rep)
+    torch.testing.assert_close(out, want)  # (Inductor's sums: another order)
+    assert torch.equal(got_cache, want_cache)
+
+
+def test_rewrite_keeps_a_cache_read_elsewhere():
+    def step(cache, k):
+        before = cache[:, :, 0].clone()  # the old window read besides the roll
+        return _step(cache, k), before
+
+    cache, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 1, 8)
+    want_cache = cache.clone()
+    want = step(want_cache, k)
+    got_cache = cache.clone()
+    out, rep = _compiled(step, got_cache, k)
+    assert rep.sites[RULE] == 0 and any(m.pattern == RULE for m in rep.near_misses), str(rep)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(got_cache, want_cache)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,rolled", [("mistral", 2), ("gemma3", 2), ("gemma2", 1)])
+@pytest.mark.parametrize("disable", [False, True])
+def test_full_sliding_window_step(name, rolled, disable):
+    """A decode step of a tiny model whose sliding windows (32 slots) are full: the rule takes each rolled K and V
+    (`rolled` layers of 2), and the logits and every cache row match eager's step."""
+    from transformers import StaticCache
+
+    from test_architectures import _model
+    from fusion_backend.tools.decode_bench import cache_restorer
+
+    cfg, model = _model(name)
+    cache = StaticCache(config=cfg, max_cache_len=64)
+    tok = torch.randint(3, 512, (2, 1))
+    pos = torch.tensor([40])
+    with torch.no_grad():
+        model(tok, past_key_values=cache, cache_position=torch.tensor([0]), use_cache=True)
+        for layer in cache.layers:
+            for t in (layer.keys, layer.values):
+                t.normal_(0, 0.5)
+            if isinstance(getattr(layer, "cumulative_length_int", None), int):
+                layer.cumulative_length_int = 40  # full: the step rolls the window
+        restore = cache_restorer(cache)
+        want = model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+        want_rows = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        restore()
+        options = {"cpu_reference": True, **({"disable": [RULE]} if disable else {})}
+        rep = fusion_backend.explain(model, tok, past_key_values=cache, cache_position=pos, use_cache=True,
+                                     options=options)
+    assert not rep.errors, str(rep)
+    assert rep.sites[RULE] == (0 if disable else 2 * rolled), str(rep)
+    torch.testing.assert_close(rep.output.logits, want, atol=1e-4, rtol=1e-4)
+    for layer, (k, v) in zip(cache.layers, want_rows):
+        torch.testing.assert_close(layer.keys, k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.values, v, atol=1e-5, rtol=1e-5)
+        if hasattr(layer, "cumulative_length_int"):  # the rolled rows: moved, not computed
+            assert torch.equal(layer.keys[:, :, :-1], k[:, :, :-1]) and torch.equal(layer.values[:, :, :-1], v[:, :, :-1])
+
+
+def test_reference_is_the_ops_cpu_kernel():
+    cache, new = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 1, 4)
+    a, b = cache.clone(), cache.clone()
+    window_roll_ref(a, new)
+    op(b, new)
+    assert torch.equal(a, b) and torch.equal(a, _rolled(cache, new))
