@@ -13,9 +13,10 @@
 // strides. Any dtype of 1, 2 or 4 bytes (the rows are copied as bits).
 //
 // One CTA owns one (sequence, head) and a column piece of its rows (whole 16-byte chunks), so no other CTA
-// touches what it reads or writes. It walks the window from slot 0 up in tiles of U rows per thread: a tile's
+// touches what it reads or writes. It walks the window from slot 0 up in tiles of kTile rows per thread: a tile's
 // loads (slots s + 1) all land before any thread stores the tile (slots s), and the next tile's loads (slots
-// above the tile) are in flight while it stores. Runs on the current stream, no workspace (CUDA-graph safe).
+// above the tile) are in flight while it stores. Where a piece narrow enough to hold the whole window in one tile
+// (8 rows a thread) still reads whole sectors, that piece is used: every load of the CTA in flight at once. Runs on the current stream, no workspace (CUDA-graph safe).
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "checks.h"  // describe
 #include "launch.cuh"
@@ -55,10 +57,12 @@ __device__ __forceinline__ uint4 new_chunk(const Params& p, int b, int h, int ch
   return out;
 }
 
-template <typename E>
+// kOne: the whole window is one tile (no second register set for the next tile's loads: more CTAs per SM).
+template <typename E, bool kOne>
 __global__ void __launch_bounds__(kRoll) window_roll_kernel(const Params p) {
-  const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
-  const int rl = threadIdx.x / p.piece, chunk = blockIdx.y * p.piece + threadIdx.x % p.piece;
+  // CTAs of one (sequence, head) are adjacent (they stream neighbouring bytes of the same rows at the same time)
+  const int pieces = p.chunks / p.piece, bh = blockIdx.x / pieces, b = bh / p.heads, h = bh % p.heads;
+  const int rl = threadIdx.x / p.piece, chunk = blockIdx.x % pieces * p.piece + threadIdx.x % p.piece;
   char* base = p.cache + b * p.cs0 + h * p.cs1 + chunk * 16;
   const int tile = kTile * p.rows;
   const auto load = [&](int t, uint4 (&v)[kTile]) {
@@ -70,24 +74,33 @@ __global__ void __launch_bounds__(kRoll) window_roll_kernel(const Params p) {
       }
     }
   };
-  pdl_wait();  // the new row and the cache: written by the kernels before
-  uint4 a[kTile], n[kTile];
-  load(0, a);
-  const int tiles = (p.slots + tile - 1) / tile;
-  for (int t = 0; t < tiles; ++t) {
+  const auto store = [&](int t, const uint4 (&v)[kTile]) {
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {  // this thread's loads of tile t have landed (a use of each register) ...
-      asm volatile("" ::"r"(a[j].x), "r"(a[j].y), "r"(a[j].z), "r"(a[j].w));
+      asm volatile("" ::"r"(v[j].x), "r"(v[j].y), "r"(v[j].z), "r"(v[j].w));
     }
     __syncthreads();  // ... and every other thread's: no store below overwrites a slot still to be read
-    if (t + 1 < tiles) load(t + 1, n);  // slots above this tile's: nobody has stored there yet
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
       const int dst = t * tile + j * p.rows + rl;
-      if (dst < p.slots) *reinterpret_cast<uint4*>(base + dst * p.cs2) = a[j];
+      if (dst < p.slots) *reinterpret_cast<uint4*>(base + dst * p.cs2) = v[j];
     }
+  };
+  pdl_wait();  // the new row and the cache: written by the kernels before
+  uint4 a[kTile];
+  load(0, a);
+  if constexpr (kOne) {
+    store(0, a);
+  } else {
+    uint4 n[kTile];
+    const int tiles = (p.slots + tile - 1) / tile;
+    for (int t = 0; t < tiles; ++t) {
+      // the next tile's loads go out before this tile's stores (slots above this tile's: nobody stored there yet)
+      if (t + 1 < tiles) load(t + 1, n);
+      store(t, a);
 #pragma unroll
-    for (int j = 0; j < kTile; ++j) a[j] = n[j];
+      for (int j = 0; j < kTile; ++j) a[j] = n[j];
+    }
   }
   pdl_trigger();
 }
@@ -119,23 +132,37 @@ void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   p.cs0 = cache.stride(0) * es, p.cs1 = cache.stride(1) * es, p.cs2 = cache.stride(2) * es;
   p.ns0 = fresh.stride(0), p.ns1 = fresh.stride(1), p.ns3 = fresh.stride(3);
   p.heads = static_cast<int>(H), p.slots = static_cast<int>(W), p.chunks = static_cast<int>(D * es / 16);
-  // Column pieces: whole rows where (sequence, head) pairs alone give two CTAs per SM, else narrower pieces (at
-  // least 32 bytes of a row: a whole sector) until they do. A piece divides the row's chunks.
+  // Column pieces (a divisor of the row's chunks, at least 32 bytes: a whole sector): the widest piece whose CTA
+  // holds the whole window in one tile, or failing that, the widest that still gives two CTAs per SM.
   const int64_t want = 2 * static_cast<int64_t>(sm_count());
-  p.piece = p.chunks;
-  for (int c = p.chunks; c >= 2; --c) {  // the largest divisor that gives enough CTAs, else the smallest (>= 2)
-    if (p.chunks % c != 0) continue;
-    p.piece = c;
-    if (B * H * (p.chunks / c) >= want) break;
+  const auto fits = [&](int c) { return c <= kRoll && static_cast<int64_t>(kTile) * (kRoll / c) >= W; };
+  p.piece = 0;
+  for (int c = p.chunks; c >= 1 && p.piece == 0; --c) {
+    if (p.chunks % c == 0 && (c >= 2 || p.chunks == 1) && fits(c)) p.piece = c;
+  }
+  const bool one = p.piece > 0;
+  if (!one) {
+    p.piece = p.chunks;
+    for (int c = p.chunks; c >= 2; --c) {  // the widest divisor that gives enough CTAs, else the narrowest (>= 2)
+      if (p.chunks % c != 0) continue;
+      p.piece = c;
+      if (B * H * (p.chunks / c) >= want) break;
+    }
   }
   TORCH_CHECK(p.piece <= kRoll, "fusekit: window_roll_: rows of ", D * es, " bytes: ", describe(cache));
   p.rows = kRoll / p.piece;
-  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>(p.chunks / p.piece));
+  const int64_t blocks = B * H * (p.chunks / p.piece);
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "fusekit: window_roll_: cache too large: ", describe(cache));
+  const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(p.rows * p.piece));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  void (*kernel)(Params) = es == 1 ? window_roll_kernel<uint8_t> : es == 2 ? window_roll_kernel<uint16_t>
-                                                                           : window_roll_kernel<uint32_t>;
-  static const int version = binary_version(window_roll_kernel<uint16_t>);  // (one build: the same arch for all)
+  const auto pick = [&](auto one_tile) -> void (*)(Params) {
+    constexpr bool kOne = decltype(one_tile)::value;
+    return es == 1 ? window_roll_kernel<uint8_t, kOne> : es == 2 ? window_roll_kernel<uint16_t, kOne>
+                                                                  : window_roll_kernel<uint32_t, kOne>;
+  };
+  void (*kernel)(Params) = one ? pick(std::true_type{}) : pick(std::false_type{});
+  static const int version = binary_version(window_roll_kernel<uint16_t, true>);  // (one build: one arch for all)
   launch_ex(kernel, grid, block, 0, stream, pdl_allowed(version, 'a'), 0, p);
 }
 
