@@ -53,6 +53,13 @@ inline int decode_attention_rows() {
   return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 0;
 }
 
+// FUSEKIT_WINDOW_ROLL_PIECE: N > 0 16-byte chunks of each row per window_roll_ CTA (decode/window_roll.cu; N must
+// divide the row's chunks, else the op's own choice); 0 (unset or not a number): its own choice.
+inline int window_roll_piece() {
+  const char* e = std::getenv("FUSEKIT_WINDOW_ROLL_PIECE");
+  return e == nullptr ? 0 : std::max(0, std::atoi(e));
+}
+
 // FUSEKIT_DECODE_ATTN_SPLITS: N > 0 splits of the cache per decode_attention CTA row (at most one per 64-key
 // block, at least what the split's key limit needs); 0 (unset or not a number): its own choice.
 inline int decode_attention_splits() {

@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "checks.h"  // describe
+#include "debug_overrides.h"
 #include "launch.cuh"
 #include "pdl.cuh"
 
@@ -140,8 +141,12 @@ void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   for (int c = p.chunks; c >= 1 && p.piece == 0; --c) {
     if (p.chunks % c == 0 && (c >= 2 || p.chunks == 1) && fits(c)) p.piece = c;
   }
+  const int forced = debug::window_roll_piece();
+  if (forced > 0 && p.chunks % forced == 0 && forced <= kRoll) p.piece = fits(forced) ? forced : 0;
   const bool one = p.piece > 0;
-  if (!one) {
+  if (forced > 0 && p.chunks % forced == 0 && forced <= kRoll && !one) {
+    p.piece = forced;
+  } else if (!one) {
     p.piece = p.chunks;
     for (int c = p.chunks; c >= 2; --c) {  // the widest divisor that gives enough CTAs, else the narrowest (>= 2)
       if (p.chunks % c != 0) continue;
