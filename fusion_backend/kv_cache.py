@@ -129,6 +129,8 @@ def _why_not(cache: torch.fx.Node, put: torch.fx.Node, gather: torch.fx.Node, co
     es, d = cval.element_size(), cval.shape[3]
     if es not in (1, 2, 4) or cval.stride(3) != 1 or (d * es) % 16 or any(cval.stride(i) * es % 16 for i in range(3)):
         return f"cache layout {tuple(cval.shape)} strides {cval.stride()}: rows of 16-byte chunks only"
+    if d * es > 4096:
+        return f"rows of {d * es} bytes (the kernel takes up to 4096)"
     return _ext.missing_cuda_kernel(KERNEL, cval.device)
 
 

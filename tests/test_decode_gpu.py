@@ -431,6 +431,18 @@ def test_window_roll_exact(shape, dt):
     assert torch.equal(_bits(cache), want) and torch.equal(_bits(big[:, 0]), _bits(head0))
 
 
+@pytest.mark.parametrize("piece", ["1", "2", "4", "16"])
+def test_window_roll_every_column_piece(piece, monkeypatch):
+    """The column pieces the launch can choose (FUSEKIT_WINDOW_ROLL_PIECE): one tile a CTA (1, 2 chunks) and several
+    (4: 2 tiles, 16: 8 tiles of the 1000-slot window)."""
+    monkeypatch.setenv("FUSEKIT_WINDOW_ROLL_PIECE", piece)
+    cache = torch.randn(8, 4, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    new = torch.randn(8, 4, 1, 128, device="cuda", dtype=torch.bfloat16)
+    want = torch.cat([cache[:, :, 1:], new], 2)
+    roll(cache, new)
+    assert torch.equal(cache, want)
+
+
 def test_window_roll_in_a_cuda_graph():
     cache, new = torch.randn(8, 4, 1024, 128, device="cuda", dtype=torch.bfloat16), torch.randn(
         8, 4, 1, 128, device="cuda", dtype=torch.bfloat16)

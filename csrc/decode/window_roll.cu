@@ -15,8 +15,8 @@
 // One CTA owns one (sequence, head) and a column piece of its rows (whole 16-byte chunks), so no other CTA
 // touches what it reads or writes. It walks the window from slot 0 up in tiles of kTile rows per thread: a tile's
 // loads (slots s + 1) all land before any thread stores the tile (slots s), and the next tile's loads (slots
-// above the tile) are in flight while it stores. Where a piece narrow enough to hold the whole window in one tile
-// (8 rows a thread) still reads whole sectors, that piece is used: every load of the CTA in flight at once. Runs on the current stream, no workspace (CUDA-graph safe).
+// above the tile) are in flight while it stores; a CTA whose piece holds the whole window in one tile (8 rows a
+// thread) has every load in flight at once. Runs on the current stream, no workspace (CUDA-graph safe).
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -133,28 +133,22 @@ void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   p.cs0 = cache.stride(0) * es, p.cs1 = cache.stride(1) * es, p.cs2 = cache.stride(2) * es;
   p.ns0 = fresh.stride(0), p.ns1 = fresh.stride(1), p.ns3 = fresh.stride(3);
   p.heads = static_cast<int>(H), p.slots = static_cast<int>(W), p.chunks = static_cast<int>(D * es / 16);
-  // Column pieces (a divisor of the row's chunks, at least 32 bytes: a whole sector): the widest piece whose CTA
-  // holds the whole window in one tile, or failing that, the widest that still gives two CTAs per SM.
-  const int64_t want = 2 * static_cast<int64_t>(sm_count());
-  const auto fits = [&](int c) { return c <= kRoll && static_cast<int64_t>(kTile) * (kRoll / c) >= W; };
+  // Column pieces (a divisor of the row's chunks, at least 32 bytes: a whole sector unless the row is one chunk): the
+  // widest that still gives about one CTA per SM (15/16 of them), else the narrowest. H200, bf16, us for pieces of
+  // 2 / 4 / 8 / 16 chunks: Mistral-style window (4 heads x 1024 x 128) batch 8 10.9 / 10.0 / 11.9 / 16.3, batch 32
+  // 28.3 / 25.8 / 23.2 / 23.6; Gemma-2 (4 x 4096 x 256) batch 8 53.7 / 43.6 / 39.6 / 55.0
+  // (benchmarks/bench_window_roll.py --sweep). A piece that holds the whole window in one tile takes the one-tile
+  // kernel.
+  const int64_t want = sm_count() - sm_count() / 16;
   p.piece = 0;
-  for (int c = p.chunks; c >= 1 && p.piece == 0; --c) {
-    if (p.chunks % c == 0 && (c >= 2 || p.chunks == 1) && fits(c)) p.piece = c;
+  for (int c = std::min(p.chunks, kRoll); c >= 1; --c) {
+    if (p.chunks % c != 0 || (c < 2 && p.chunks > 1)) continue;
+    p.piece = c;
+    if (B * H * (p.chunks / c) >= want) break;
   }
-  const int forced = debug::window_roll_piece();
-  if (forced > 0 && p.chunks % forced == 0 && forced <= kRoll) p.piece = fits(forced) ? forced : 0;
-  const bool one = p.piece > 0;
-  if (forced > 0 && p.chunks % forced == 0 && forced <= kRoll && !one) {
-    p.piece = forced;
-  } else if (!one) {
-    p.piece = p.chunks;
-    for (int c = p.chunks; c >= 2; --c) {  // the widest divisor that gives enough CTAs, else the narrowest (>= 2)
-      if (p.chunks % c != 0) continue;
-      p.piece = c;
-      if (B * H * (p.chunks / c) >= want) break;
-    }
-  }
-  TORCH_CHECK(p.piece <= kRoll, "fusekit: window_roll_: rows of ", D * es, " bytes: ", describe(cache));
+  if (const int forced = debug::window_roll_piece(); forced > 0 && p.chunks % forced == 0) p.piece = forced;
+  const bool one = static_cast<int64_t>(kTile) * (kRoll / std::max(p.piece, 1)) >= W;
+  TORCH_CHECK(p.piece >= 1 && p.piece <= kRoll, "fusekit: window_roll_: rows of ", D * es, " bytes: ", describe(cache));
   p.rows = kRoll / p.piece;
   const int64_t blocks = B * H * (p.chunks / p.piece);
   TORCH_CHECK(blocks < (int64_t{1} << 31), "fusekit: window_roll_: cache too large: ", describe(cache));
