@@ -98,12 +98,13 @@ def _match(copy: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.
     if got is None or got[0] is not cache:
         return None
     cval, nval = cache.meta.get("val"), getattr(new, "meta", {}).get("val")
-    if not isinstance(cval, Tensor) or not isinstance(nval, Tensor) or cval.dim() != 4 or nval.dim() != 4:
+    if not isinstance(cval, Tensor) or not isinstance(nval, Tensor) or cval.dim() != 4 or not 1 <= nval.dim() <= 4:
         return None
     if not all(isinstance(d, int) for d in (*cval.shape, *nval.shape)):
         return None
     b, h, w, d = cval.shape
-    if tuple(nval.shape) != (b, h, 1, d) or w < 1:
+    shape = (1,) * (4 - nval.dim()) + tuple(nval.shape)  # index_put broadcasts its values ([H, 1, D] at batch 1)
+    if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2:] != (1, d) or w < 1:
         return None
     roll, last = _value(got[1]), _value(idx[2])
     if not isinstance(roll, Tensor) or not isinstance(last, Tensor) or roll.shape != (w,) or last.numel() != 1:
@@ -146,6 +147,7 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
             record.near_misses.append(NearMiss(RULE, describe(put), why))
             continue
         with graph.inserting_before(put):
+            new = _as_rows(graph, new, cache.meta["val"])
             op = graph.call_function(torch.ops.fusekit.window_roll_.default, (cache, new))
         op.meta["val"] = None
         op.meta["stack_trace"] = put.meta.get("stack_trace")
@@ -156,6 +158,22 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
         record.sites[RULE] += 1
         record.nodes_replaced[RULE] += 3
         record.fused_sites.append((RULE, describe(op)))
+
+
+def _as_rows(graph: torch.fx.Graph, new: torch.fx.Node, cache: Tensor) -> torch.fx.Node:
+    """`new` as [B, H, 1, D] views (index_put broadcast it: at batch 1 the graph has [H, 1, D])."""
+    b, h, _, d = cache.shape
+    while new.meta["val"].dim() < 4:
+        new = _call(graph, aten.unsqueeze.default, (new, 0))
+    if tuple(new.meta["val"].shape) != (b, h, 1, d):
+        new = _call(graph, aten.expand.default, (new, [b, h, 1, d]))
+    return new
+
+
+def _call(graph: torch.fx.Graph, target, args: tuple) -> torch.fx.Node:
+    node = graph.call_function(target, args)
+    node.meta["val"] = target(args[0].meta["val"], *args[1:])
+    return node
 
 
 def _erase_dead(graph: torch.fx.Graph, node: torch.fx.Node) -> None:

@@ -40,9 +40,13 @@ def _compiled(fn, *args, **options):
     return rep.output, rep
 
 
-@pytest.mark.parametrize("shift,fires", [(-1, True), (-2, False), (1, False)])
-def test_rewrite_fires_only_for_the_roll_by_one(shift, fires):
-    cache, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 1, 8)
+@pytest.mark.parametrize("shift,fires,k_shape", [(-1, True, (2, 4, 1, 8)), (-1, True, (4, 1, 8)), (-1, True, (1, 4, 1, 8)),
+                                                  (-2, False, (2, 4, 1, 8)), (1, False, (2, 4, 1, 8))])
+def test_rewrite_fires_only_for_the_roll_by_one(shift, fires, k_shape):
+    """A roll by one slot to the left fires, with the new row as index_put broadcasts it (at batch 1 transformers'
+    graph has [H, 1, D]); other shifts do not."""
+    b = 1 if len(k_shape) == 3 else 2
+    cache, k = torch.randn(b, 4, 16, 8), torch.randn(k_shape)
     want_cache = cache.clone()
     want = _step(want_cache, k, shift)
     got_cache = cache.clone()
@@ -68,9 +72,10 @@ def test_rewrite_keeps_a_cache_read_elsewhere():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,rolled", [("mistral", 2), ("gemma3", 2), ("gemma2", 1)])
-@pytest.mark.parametrize("disable", [False, True])
-def test_full_sliding_window_step(name, rolled, disable):
+@pytest.mark.parametrize("name,rolled,batch,disable", [("mistral", 2, 2, False), ("mistral", 2, 1, False),
+                                                        ("mistral", 2, 2, True), ("gemma3", 2, 2, False),
+                                                        ("gemma2", 1, 2, False)])
+def test_full_sliding_window_step(name, rolled, batch, disable):
     """A decode step of a tiny model whose sliding windows (32 slots) are full: the rule takes each rolled K and V
     (`rolled` layers of 2), and the logits and every cache row match eager's step."""
     from transformers import StaticCache
@@ -80,7 +85,7 @@ def test_full_sliding_window_step(name, rolled, disable):
 
     cfg, model = _model(name)
     cache = StaticCache(config=cfg, max_cache_len=64)
-    tok = torch.randint(3, 512, (2, 1))
+    tok = torch.randint(3, 512, (batch, 1))
     pos = torch.tensor([40])
     with torch.no_grad():
         model(tok, past_key_values=cache, cache_position=torch.tensor([0]), use_cache=True)
