@@ -1,4 +1,4 @@
-"""fusekit::window_roll_ alone: a full sliding window's decode-step update (the window one slot to the left, the new
+"""fusekit::window_roll alone: a full sliding window's decode-step update (the window one slot to the left, the new
 row last) against the same update as transformers writes it (roll, index_put of the last slot, copy_ back) compiled
 by Inductor, on the KV shapes of sliding-window decoders. Median us of triton.testing.do_bench (L2 flushed), and the
 share of the copy bandwidth (one read and one write of the window: the least any in-place update moves). Inductor's
@@ -44,7 +44,7 @@ def main() -> None:
     bw = copy_bandwidth(dev)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s")
     inductor = torch.compile(transformers_update)
-    roll = torch.ops.fusekit.window_roll_
+    roll = torch.ops.fusekit.window_roll
     print("| shape | batch | window MB | Inductor us | fusekit us | speed-up | fusekit % copy | Inductor % copy |"
           + (" pieces (chunks: us) |" if args.sweep else ""))
     print("|---|---|---|---|---|---|---|---|" + ("---|" if args.sweep else ""))

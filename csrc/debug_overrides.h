@@ -53,7 +53,7 @@ inline int decode_attention_rows() {
   return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 0;
 }
 
-// FUSEKIT_WINDOW_ROLL_PIECE: N > 0 16-byte chunks of each row per window_roll_ CTA (decode/window_roll.cu; N must
+// FUSEKIT_WINDOW_ROLL_PIECE: N > 0 16-byte chunks of each row per window_roll CTA (cache/window_roll.cu; N must
 // divide the row's chunks, else the op's own choice); 0 (unset or not a number): its own choice.
 inline int window_roll_piece() {
   const char* e = std::getenv("FUSEKIT_WINDOW_ROLL_PIECE");

@@ -1,4 +1,4 @@
-"""A full sliding-window KV cache's step, in place: ``fusekit::window_roll_``.
+"""A full sliding-window KV cache's step, in place: ``fusekit::window_roll``.
 
 Once its window is full, transformers' ``StaticSlidingWindowLayer`` moves the window one slot to the left at every
 decode step: ``new = cache.roll(-1, dims=-2); new[:, :, [-1]] = k; cache.copy_(new)``. The post-grad graph holds
@@ -7,7 +7,8 @@ of the result back into the cache (a graph input); the layer's attention reads t
 it as two reads and two writes of the window per layer (Mistral-style at batch 32, window 1024: 256 MB a layer);
 the op does one of each, and the attention reads the cache itself.
 
-Not a table rule: the rewrite removes a mutation of a graph input (the ``copy_``) and puts an op that mutates it
+The op mutates its ``cache`` argument (its schema says so: ``Tensor(a!)``); as vLLM's cache ops, its name has no
+trailing underscore. Not a table rule: the rewrite removes a mutation of a graph input (the ``copy_``) and puts an op that mutates it
 in place where the gathered buffer was made, which only holds when nothing else reads the cache in between.
 The roll's index and the last slot's index are evaluated (constants made of iota/arange/add/fmod/full), so
 any spelling that computes the same permutation matches.
@@ -23,7 +24,7 @@ from .stats import NearMiss, describe
 
 FAMILY = "cache"
 RULE = "cache.window_roll"
-KERNEL = "window_roll_"  # csrc/decode/window_roll.cu
+KERNEL = "window_roll"  # csrc/cache/window_roll.cu
 aten = torch.ops.aten
 _CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
               aten.add.Tensor, aten.add.Scalar, aten.fmod.Scalar, aten.fmod.Tensor, aten.remainder.Scalar,
@@ -31,10 +32,10 @@ _CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.sta
               aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _MAX_CONST = 1 << 20  # elements of an index evaluated at compile time
 
-LIB.define("window_roll_(Tensor(a!) cache, Tensor new) -> ()")
+LIB.define("window_roll(Tensor(a!) cache, Tensor new) -> ()")
 
 
-@torch.library.register_fake("fusekit::window_roll_")
+@torch.library.register_fake("fusekit::window_roll")
 def _fake(cache: Tensor, new: Tensor) -> None:
     return None
 
@@ -44,7 +45,7 @@ def window_roll_ref(cache: Tensor, new: Tensor) -> None:
     cache.copy_(torch.cat([cache[:, :, 1:], new.to(cache.dtype)], dim=2))
 
 
-torch.library.impl("fusekit::window_roll_", "CPU")(window_roll_ref)
+torch.library.impl("fusekit::window_roll", "CPU")(window_roll_ref)
 
 
 def _value(node: object, depth: int = 0) -> Tensor | int | float | None:
@@ -136,7 +137,7 @@ def _why_not(cache: torch.fx.Node, put: torch.fx.Node, gather: torch.fx.Node, co
 
 
 def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
-    """Each full sliding window's roll + last-slot write + copy back as ``fusekit::window_roll_`` (in place)."""
+    """Each full sliding window's roll + last-slot write + copy back as ``fusekit::window_roll`` (in place)."""
     for copy in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
         m = _match(copy)
         if m is None:
@@ -148,7 +149,7 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
             continue
         with graph.inserting_before(put):
             new = _as_rows(graph, new, cache.meta["val"])
-            op = graph.call_function(torch.ops.fusekit.window_roll_.default, (cache, new))
+            op = graph.call_function(torch.ops.fusekit.window_roll.default, (cache, new))
         op.meta["val"] = None
         op.meta["stack_trace"] = put.meta.get("stack_trace")
         graph.erase_node(copy)

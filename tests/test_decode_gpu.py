@@ -404,8 +404,8 @@ def test_prefill_against_a_static_cache_fires_and_matches_inductor(name):
     assert (k - k_eager.float()).norm() / k_eager.float().norm() < 1e-2
 
 
-# ---- fusekit::window_roll_: a full sliding window's step, in place (fusion_backend/kv_cache.py) ----------------
-roll = torch.ops.fusekit.window_roll_
+# ---- fusekit::window_roll: a full sliding window's step, in place (fusion_backend/kv_cache.py) ----------------
+roll = torch.ops.fusekit.window_roll
 
 
 def _bits(t):
@@ -465,14 +465,14 @@ def test_window_roll_in_a_cuda_graph():
 
 def test_window_roll_bad_calls():
     cache = torch.randn(2, 4, 64, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="window_roll_"):
+    with pytest.raises(RuntimeError, match="window_roll"):
         roll(cache, torch.randn(2, 4, 2, 128, device="cuda", dtype=torch.bfloat16))  # two new rows
-    with pytest.raises(RuntimeError, match="window_roll_"):
+    with pytest.raises(RuntimeError, match="window_roll"):
         roll(cache, torch.randn(2, 4, 1, 128, device="cuda", dtype=torch.float16))  # another dtype
-    with pytest.raises(RuntimeError, match="window_roll_"):
+    with pytest.raises(RuntimeError, match="window_roll"):
         roll(torch.randn(2, 4, 64, 4, device="cuda", dtype=torch.bfloat16),
              torch.randn(2, 4, 1, 4, device="cuda", dtype=torch.bfloat16))  # 8-byte rows
-    with pytest.raises(RuntimeError, match="window_roll_"):
+    with pytest.raises(RuntimeError, match="window_roll"):
         roll(cache[..., ::2], torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16))  # strided rows
 
 

@@ -1,4 +1,4 @@
-"""fusekit::window_roll_ and its rewrite (kv_cache.py) on CPU: the op against torch.roll, opcheck, the rewrite where
+"""fusekit::window_roll and its rewrite (kv_cache.py) on CPU: the op against torch.roll, opcheck, the rewrite where
 a full sliding window rolls (transformers' StaticSlidingWindowLayer, and the same steps written by hand), the caches
 and logits after the step as eager leaves them, and where it must not fire (another shift, the cache read elsewhere,
 the rule disabled). The kernel's own tests: tests/test_decode_gpu.py."""
@@ -8,7 +8,7 @@ import torch
 import fusion_backend
 from fusion_backend.kv_cache import RULE, window_roll_ref
 
-op = torch.ops.fusekit.window_roll_
+op = torch.ops.fusekit.window_roll
 
 
 def _rolled(cache, new):

@@ -1,4 +1,4 @@
-// fusekit::window_roll_ -- a full sliding-window KV cache moved one slot to the left in place, the new token's
+// fusekit::window_roll -- a full sliding-window KV cache moved one slot to the left in place, the new token's
 // row written into the last slot: one read and one write of the window.
 //
 //   def window_roll_ref(cache, new):    # cache [B, H, W, D], new [B, H, 1, D]; cache changes in place
@@ -108,22 +108,22 @@ __global__ void __launch_bounds__(kRoll) window_roll_kernel(const Params p) {
 
 void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   TORCH_CHECK(cache.is_cuda() && fresh.device() == cache.device(),
-              "fusekit: window_roll_: cache and new on one CUDA device: ", describe(cache), ", ", describe(fresh));
-  TORCH_CHECK(cache.dim() == 4 && fresh.dim() == 4, "fusekit: window_roll_: cache [B, H, W, D] and new [B, H, 1, D]: ",
+              "fusekit: window_roll: cache and new on one CUDA device: ", describe(cache), ", ", describe(fresh));
+  TORCH_CHECK(cache.dim() == 4 && fresh.dim() == 4, "fusekit: window_roll: cache [B, H, W, D] and new [B, H, 1, D]: ",
               describe(cache), ", ", describe(fresh));
   const int64_t B = cache.size(0), H = cache.size(1), W = cache.size(2), D = cache.size(3), es = cache.element_size();
   TORCH_CHECK(fresh.size(0) == B && fresh.size(1) == H && fresh.size(2) == 1 && fresh.size(3) == D,
-              "fusekit: window_roll_: new must be [B, H, 1, D] of the cache's B, H, D: ", describe(cache), ", ",
+              "fusekit: window_roll: new must be [B, H, 1, D] of the cache's B, H, D: ", describe(cache), ", ",
               describe(fresh));
-  TORCH_CHECK(fresh.scalar_type() == cache.scalar_type(), "fusekit: window_roll_: new's dtype must be the cache's: ",
+  TORCH_CHECK(fresh.scalar_type() == cache.scalar_type(), "fusekit: window_roll: new's dtype must be the cache's: ",
               describe(cache), ", ", describe(fresh));
-  TORCH_CHECK(es == 1 || es == 2 || es == 4, "fusekit: window_roll_: elements of 1, 2 or 4 bytes: ", describe(cache));
+  TORCH_CHECK(es == 1 || es == 2 || es == 4, "fusekit: window_roll: elements of 1, 2 or 4 bytes: ", describe(cache));
   TORCH_CHECK(cache.stride(3) == 1 && (D * es) % 16 == 0 && (cache.stride(0) * es) % 16 == 0 &&
                   (cache.stride(1) * es) % 16 == 0 && (cache.stride(2) * es) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0,
-              "fusekit: window_roll_: the cache's rows must be 16-byte aligned with unit last-dim stride: ",
+              "fusekit: window_roll: the cache's rows must be 16-byte aligned with unit last-dim stride: ",
               describe(cache));
-  TORCH_CHECK(W < (int64_t{1} << 30) && B * H < (int64_t{1} << 31), "fusekit: window_roll_: cache too large: ",
+  TORCH_CHECK(W < (int64_t{1} << 30) && B * H < (int64_t{1} << 31), "fusekit: window_roll: cache too large: ",
               describe(cache));
   if (cache.numel() == 0) return;
   c10::cuda::CUDAGuard guard(cache.device());
@@ -148,10 +148,10 @@ void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   }
   if (const int forced = debug::window_roll_piece(); forced > 0 && p.chunks % forced == 0) p.piece = forced;
   const bool one = static_cast<int64_t>(kTile) * (kRoll / std::max(p.piece, 1)) >= W;
-  TORCH_CHECK(p.piece >= 1 && p.piece <= kRoll, "fusekit: window_roll_: rows of ", D * es, " bytes: ", describe(cache));
+  TORCH_CHECK(p.piece >= 1 && p.piece <= kRoll, "fusekit: window_roll: rows of ", D * es, " bytes: ", describe(cache));
   p.rows = kRoll / p.piece;
   const int64_t blocks = B * H * (p.chunks / p.piece);
-  TORCH_CHECK(blocks < (int64_t{1} << 31), "fusekit: window_roll_: cache too large: ", describe(cache));
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "fusekit: window_roll: cache too large: ", describe(cache));
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(p.rows * p.piece));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -168,4 +168,4 @@ void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
 }  // namespace
 }  // namespace fusekit
 
-TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("window_roll_", &fusekit::window_roll_cuda); }
+TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("window_roll", &fusekit::window_roll_cuda); }
