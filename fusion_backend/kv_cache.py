@@ -8,8 +8,9 @@ it as two reads and two writes of the window per layer (Mistral-style at batch 3
 the op does one of each, and the attention reads the cache itself.
 
 The op mutates its ``cache`` argument (its schema says so: ``Tensor(a!)``); as vLLM's cache ops, its name has no
-trailing underscore. Not a table rule: the rewrite removes a mutation of a graph input (the ``copy_``) and puts an op that mutates it
-in place where the gathered buffer was made, which only holds when nothing else reads the cache in between.
+trailing underscore. Not a table rule: the rewrite removes a mutation of a graph input (the ``copy_``) and puts an
+op that mutates it in place where the gathered buffer was made, which only holds when nothing else reads the cache
+in between.
 The roll's index and the last slot's index are evaluated (constants made of iota/arange/add/fmod/full), so
 any spelling that computes the same permutation matches.
 """
@@ -105,7 +106,7 @@ def _match(copy: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.
         return None
     b, h, w, d = cval.shape
     shape = (1,) * (4 - nval.dim()) + tuple(nval.shape)  # index_put broadcasts its values ([H, 1, D] at batch 1)
-    if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2:] != (1, d) or w < 1:
+    if shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2:] != (1, d) or w < 1:
         return None
     roll, last = _value(got[1]), _value(idx[2])
     if not isinstance(roll, Tensor) or not isinstance(last, Tensor) or roll.shape != (w,) or last.numel() != 1:
