@@ -1,22 +1,35 @@
-"""fusekit::decode_attention alone on MHA decode shapes (one query row per head; GPT-NeoX, Phi-3, StableLM-2 and GPT-2
-widths; batch 1 and 32; early, middle and late positions) against F.scaled_dot_product_attention with the same additive
-mask (what Inductor's graph runs): the one-row tile and, forced by FUSEKIT_DECODE_ATTN_ROWS=4, the 4-row group tile.
-Median us of triton.testing.do_bench (L2 flushed), the visible K/V bytes' share of the copy bandwidth, the error
-against a float64 reference. Needs a CUDA GPU; prints a markdown table.
+"""fusekit::decode_attention alone on decode shapes (one new token per sequence; batch 1 and 32; early, middle and late
+positions of the cache) against F.scaled_dot_product_attention with the same additive mask (what Inductor's graph
+runs; grouped heads through repeat_kv, as transformers' SDPA path does): grouped-head shapes (Llama-3, Qwen2.5,
+Gemma-3 and Gemma-2 widths) and MHA shapes (GPT-NeoX, Phi-3, StableLM-2 and GPT-2 widths, where the one-row tile runs;
+the 4-row group tile forced by FUSEKIT_DECODE_ATTN_ROWS=4 beside it). Median us of triton.testing.do_bench (L2
+flushed), the visible K/V bytes' share of the copy bandwidth, the error against a float64 reference. --splits also
+times each forced split count (FUSEKIT_DECODE_ATTN_SPLITS). Needs a CUDA GPU; prints a markdown table.
 
-    python benchmarks/bench_decode_attention.py
+    python benchmarks/bench_decode_attention.py [--shapes gqa|mha|all] [--splits 4,8,16]
 """
 import argparse
 
 import torch
 import torch.nn.functional as F
 
+# name: (query heads, KV heads, head dim, cache slots)
+GQA = {"llama3_1b": (32, 8, 64, 4096), "llama": (16, 4, 128, 4096), "qwen2.5_1.5b": (12, 2, 128, 4096),
+       "gemma3_1b": (4, 1, 256, 4096), "gemma2_2b": (8, 4, 256, 4096)}
+MHA = {"gpt_neox": (16, 16, 128, 4096), "phi3": (32, 32, 96, 4096), "stablelm": (32, 32, 64, 4096),
+       "gpt2": (12, 12, 64, 1024)}
+
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="all", choices=("gqa", "mha", "all"))
+    ap.add_argument("--splits", default="", help="comma-separated split counts also timed (forced)")
+    ap.add_argument("--batches", default="1,32")
+    a = ap.parse_args()
     from triton.testing import do_bench  # here, so that --help works where triton is absent
 
     from fusion_backend import _ext
+    from fusion_backend.patterns.decode import repeat_kv
     from fusion_backend.tools.cuda_graphs import environment
     from fusion_backend.tools.decode_bench import copy_bandwidth
 
@@ -25,31 +38,45 @@ def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     bw = copy_bandwidth(dev)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
-    models = {"gpt_neox": (16, 128, 4096), "phi3": (32, 96, 4096), "stablelm": (32, 64, 4096), "gpt2": (12, 64, 1024)}
-    print("| model | B | pos | SDPA us | 4-row tile us | one-row tile us | one-row vs SDPA | one-row % copy | err (SDPA's) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, (H, D, S) in models.items():
-        for B in (1, 32):
-            for pos in ((128, 1000) if S == 1024 else (128, 1024, 4000)):
-                q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
-                k = torch.randn(B, H, S, D, device=dev, dtype=dt)
-                v = torch.randn(B, H, S, D, device=dev, dtype=dt)
-                mask = torch.zeros(B, 1, 1, S, device=dev, dtype=dt)
+    shapes = {**(GQA if a.shapes != "mha" else {}), **(MHA if a.shapes != "gqa" else {})}
+    forced = [s for s in a.splits.split(",") if s]
+    bench = lambda f: do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3  # noqa: E731 - us
+    print("| model | B | pos | SDPA us | fusekit us | vs SDPA | % copy | 4-row tile us | "
+          + "".join(f"splits {s} us | " for s in forced) + "err (SDPA's) |")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(forced) + "---|")
+    for name, (hq, hkv, d, s) in shapes.items():
+        for b in (int(x) for x in a.batches.split(",")):
+            for pos in ((128, 1000) if s == 1024 else (128, 1024, 4000)):
+                q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
+                k = torch.randn(b, hkv, s, d, device=dev, dtype=dt)
+                v = torch.randn(b, hkv, s, d, device=dev, dtype=dt)
+                mask = torch.zeros(b, 1, 1, s, device=dev, dtype=dt)
                 mask[..., pos + 1:] = torch.finfo(dt).min
-                scale = D ** -0.5
-                sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # noqa: E731
+                scale = d ** -0.5
+                n = hq // hkv
+                sdpa = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                    q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask, scale=scale)
                 fk = lambda: torch.ops.fusekit.decode_attention(q, k, v, mask, scale)  # noqa: E731
-                ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double(),
-                                                     scale=scale)
-                ts = do_bench(sdpa, warmup=25, rep=200, return_mode="median")
-                with environment({"FUSEKIT_DECODE_ATTN_ROWS": "4"}):  # read at each launch
-                    four, t4 = fk(), do_bench(fk, warmup=25, rep=200, return_mode="median")
-                one, t1 = fk(), do_bench(fk, warmup=25, rep=200, return_mode="median")
-                err = max((o.double() - ref).abs().max().item() for o in (one, four))
+                ref = F.scaled_dot_product_attention(q.double(), repeat_kv(k, n).double(), repeat_kv(v, n).double(),
+                                                     attn_mask=mask.double(), scale=scale)
+                ts, t = bench(sdpa), bench(fk)
+                outs = [fk()]
+                four = "-"
+                if n == 1 and d <= 128:
+                    with environment({"FUSEKIT_DECODE_ATTN_ROWS": "4"}):  # read at each launch
+                        outs.append(fk())
+                        four = f"{bench(fk):.1f}"
+                cols = ""
+                for sp in forced:
+                    with environment({"FUSEKIT_DECODE_ATTN_SPLITS": sp}):
+                        outs.append(fk())
+                        cols += f"{bench(fk):.1f} | "
+                err = max((o.double() - ref).abs().max().item() for o in outs)
                 err_sdpa = (sdpa().double() - ref).abs().max().item()
-                floor_ms = 2 * B * H * (pos + 1) * D * 2 / bw * 1e3  # the visible K and V rows
-                print(f"| {name} | {B} | {pos} | {ts * 1e3:.1f} | {t4 * 1e3:.1f} | {t1 * 1e3:.1f} | {ts / t1:.2f}x | "
-                      f"{100 * floor_ms / t1:.0f}% | {err:.1e} ({err_sdpa:.1e}) |", flush=True)
+                floor_us = 2 * b * hkv * (pos + 1) * d * 2 / bw * 1e6  # the visible K and V rows
+                print(f"| {name} | {b} | {pos} | {ts:.1f} | {t:.1f} | {ts / t:.2f}x | {100 * floor_us / t:.0f}% | "
+                      f"{four} | {cols}{err:.1e} ({err_sdpa:.1e}) |", flush=True)
+
 
 if __name__ == "__main__":
     main()

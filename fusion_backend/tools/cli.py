@@ -3,6 +3,7 @@
     fusekit bench   [--phase prefill|decode|both] [--models gpt2,llama,...] [--modes ...] [--batch N --seq N] [--out DIR]
     fusekit bench   --phase decode|prefill|both --tp 1,2 [--models llama,qwen2] [--batches 1,32] [--batch 4 --seq 512]
     fusekit profile --model bert [--out DIR]
+    fusekit profile --phase decode --model llama,mistral [--batches 1,32] [--position 1024]
     fusekit explain --model gpt2
     fusekit doctor
 """
@@ -84,6 +85,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
+    if a.phase == "decode":
+        from . import step_profile
+
+        split = lambda s: tuple(s.split(",")) if s else ()  # noqa: E731
+        batches = tuple(int(x) for x in split(a.batches)) or (1, 32)
+        step_profile.bench(list(split(a.model)), batches, a.position, pathlib.Path(a.out),
+                           split(a.enable), split(a.disable))
+        return 0
     from . import profile
 
     profile.profile_model(a.model, pathlib.Path(a.out), iters=a.iters)
@@ -283,6 +292,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="bert")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", default="fusekit_profile", help="default: fusekit_profile")
+    p.add_argument("--phase", default="prefill", choices=("prefill", "decode"),
+                   help="decode (GPU): a decode step's kernels under CUDA graphs, Inductor and fusekit: per kernel, per "
+                   "layer, launch gaps (--model takes a comma-separated list there)")
+    p.add_argument("--batches", default=None, help="decode: comma-separated batch sizes (default 1,32)")
+    p.add_argument("--position", type=int, default=1024, help="decode: cache position of 4096 slots (default 1024)")
+    p.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires")
+    p.add_argument("--disable", default=None, help="decode: comma-separated rule ids (or families) fusekit leaves off")
     p.set_defaults(fn=cmd_profile)
     e = sub.add_parser("explain", help="fusekit's match report for a named model")
     e.add_argument("--model", default="gpt2")
