@@ -197,14 +197,9 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   const int bh = blockIdx.x / p.zchunks;
   const int b = bh / p.hkv, kvh = bh % p.hkv;
   const int split = blockIdx.y;
-  // This split's blocks: the cache's 64-key blocks split, split + splits, split + 2 splits, ... (strided, so that
-  // whatever part of the cache the mask shows, a prefix at an early position or a window, every split gets its
-  // share of it: contiguous chunks left all but the first splits of a 4096-slot cache idle at position 1024)
-  const int nblocks = ((p.s + kBlockN - 1) / kBlockN - split + p.splits - 1) / p.splits;
+  const int key_begin = split * p.chunk;
+  const int nblocks = (min(p.chunk, p.s - key_begin) + kBlockN - 1) / kBlockN;
   const int keys = nblocks * kBlockN;
-  const auto key_of = [&](int kl) {  // the cache key of the split's local key kl
-    return (split + (kl / kBlockN) * p.splits) * kBlockN + kl % kBlockN;
-  };
   const int r0 = z * RT;
   const int nr = min(RT, p.rows - r0);
   const auto flat_row = [&](int rr) {  // a group row's index in [B, Hq, Lq] (the workspace's rows)
@@ -233,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   float mv[RT * KPT];  // [r][n]: key tid + 128 n of row r
 #pragma unroll
   for (int i = 0; i < RT * KPT; ++i) {
-    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32, key = key_of(kl);
+    const int r = i / KPT, kl = tid + (i % KPT) * kWarps * 32, key = key_begin + kl;
     const bool load = s_src[r] == r && kl < keys && key < p.s;
     mv[i] = load ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, s_moff[r] + key * p.ms3)) : -INFINITY;
   }
@@ -276,7 +271,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   const auto issue = [&](int item) {
     if (item < items && copies) {
       const bool is_v = item >= nvis;
-      const int k0 = key_of(nth_visible(is_v ? item - nvis : item) * kBlockN);
+      const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
       T* dst = stage + (item % NS) * kBlockN * P;
       const int64_t rs = is_v ? p.vs2 : p.ks2, step = RSTEP * rs;
       const T* src = (is_v ? vb : kb) + k0 * rs;
@@ -348,13 +343,13 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 
   // ---- softmax numerators over this split: one warp per row (the first V blocks are in flight). A key of a
   // hidden block, or past the cache, has no score (its finite mask value must not enter the softmax) ----
+  const int lim = min(keys, p.s - key_begin);
   for (int r = warp; r < nr; r += kWarps) {
     float* srow = sc + r * p.chunk;
     const float* mrow = smask + s_src[r] * p.chunk;
     float m = -INFINITY;
     for (int j = lane; j < keys; j += 32) {
-      const float x = key_of(j) < p.s && (vbits >> (j / kBlockN) & 1u) ? capped(p, srow[j] * p.scale_log2) + mrow[j]
-                                                                        : -INFINITY;
+      const float x = j < lim && (vbits >> (j / kBlockN) & 1u) ? capped(p, srow[j] * p.scale_log2) + mrow[j] : -INFINITY;
       srow[j] = x;
       m = fmaxf(m, x);
     }
