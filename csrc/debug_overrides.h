@@ -67,13 +67,6 @@ inline int decode_attention_splits() {
   return e == nullptr ? 0 : std::max(0, std::atoi(e));
 }
 
-// FUSEKIT_DECODE_ATTN_COMBINE: "kernel" combines decode_attention's splits in a second kernel (combine_splits), as
-// before the fused combine; unset or anything else: the last split of each CTA row combines them (arrive_and_combine).
-inline bool decode_attention_combine_kernel() {
-  const char* e = std::getenv("FUSEKIT_DECODE_ATTN_COMBINE");
-  return e != nullptr && std::strcmp(e, "kernel") == 0;
-}
-
 // FUSEKIT_DECODE_GEMM: the kernel of decode_linear and decode_qkv (decode_gemm/decode_linear_splitk.cuh's
 // launch_decode_linear). "old": decode_linear_kernel; "splitk": the split-K kernel wherever it fits (1-64 rows),
 // "splitk:S" with S splits of K; "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B": the TMA kernel (1-64 rows, sm_90a

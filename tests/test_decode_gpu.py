@@ -190,44 +190,6 @@ def test_one_row_tile(shape, monkeypatch):
             _check(q, k, v, mask)
 
 
-@pytest.mark.parametrize("shape", [(1, 16, 4, 1, 4096, 128), (32, 16, 4, 1, 4096, 128), (2, 8, 1, 4, 3000, 64),
-                                   (3, 8, 1, 1, 2049, 256), (2, 32, 32, 1, 1000, 96), (1, 4, 1, 1, 70001, 80),
-                                   (4, 16, 4, 2, 300, 192)], ids=lambda s: "x".join(map(str, s)))
-def test_fused_combine_as_the_combine_kernel(shape, monkeypatch):
-    """With more than one split, the last split of each CTA row combines the partial results (arrival counters that
-    every call leaves at zero). It gives what the second kernel gives (FUSEKIT_DECODE_ATTN_COMBINE=kernel) bit for
-    bit: masks that hide blocks, a row a finite mask hides entirely (recomputed), repeated calls (a counter left
-    non-zero would make a wrong split the last), a CUDA graph replayed on new inputs, and calls on two streams at
-    once (each stream its own counters)."""
-    b, hq, hkv, lq, s, d = shape
-    q, k, v = _qkv(b, hq, hkv, lq, s, d, torch.bfloat16)
-    keep = _mask("padded", b, lq, s, min(1000, s - lq)).clone()
-    keep[0, :, 0, :] = False
-    bias = torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(~keep, -65536.0)
-    for mask in (keep, bias, None):
-        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_COMBINE", "kernel")
-        want = op(q, k, v, mask, 0.0883)
-        monkeypatch.delenv("FUSEKIT_DECODE_ATTN_COMBINE")
-        for _ in range(3):
-            torch.testing.assert_close(_check(q, k, v, mask), want, atol=0, rtol=0)
-    g, replayed = capture_output(lambda: op(q, k, v, bias, 0.0883))
-    other = torch.cuda.Stream()
-    for _ in range(3):
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_COMBINE", "kernel")
-        want = op(q, k, v, bias, 0.0883)
-        monkeypatch.delenv("FUSEKIT_DECODE_ATTN_COMBINE")
-        g.replay()
-        other.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(other):
-            side = [op(q, k, v, bias, 0.0883) for _ in range(4)]
-        here = [op(q, k, v, bias, 0.0883) for _ in range(4)]
-        torch.cuda.current_stream().wait_stream(other)
-        for got in [replayed, *side, *here]:
-            torch.testing.assert_close(got, want, atol=0, rtol=0)
-
-
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])
 def test_pdl_launches_wait_for_the_kernel_before(which, monkeypatch):
     """fusekit's decode kernels launch with programmatic dependent launch on sm_90+ (csrc/pdl.cuh: they may start

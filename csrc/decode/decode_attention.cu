@@ -28,14 +28,12 @@
 // blocks go through a ring of two shared-memory stages (cp.async) and meet the
 // query rows on tensor cores (mma.sync m16n8k16, float32 sums; the probabilities are rounded to q's dtype
 // for P @ V, as PyTorch's fused SDPA kernels do): each visible key row is read once for all the rows of the
-// group. With more than one split, partial (max, sum, output) go to a float32 workspace and the last split of
-// each CTA row to finish combines them (arrive_and_combine: no second kernel; FUSEKIT_DECODE_ATTN_COMBINE=kernel
-// runs combine_splits instead). Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
+// group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
+// combines them. Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
 // prefix of a long cache still spreads over many CTAs. One query row per KV head (MHA decode, head dim <= 128)
 // runs a tile of its own: a ring of three stages in the shared memory the other rows' scores would take, and
 // about one wave of CTAs of up to 16 blocks each (H100, GPT-NeoX widths, 4000 of 4096 keys visible: batch 1
-// 33.8 -> 28.2 us, batch 32 406 -> 383 us against the group tile). Runs on the current stream; the workspace comes from the caching allocator, the combine's arrival counters
-// from a zeroed arena a device allocates once (arrival_counters), so it is CUDA-graph safe. On
+// 33.8 -> 28.2 us, batch 32 406 -> 383 us against the group tile). Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
 // sm_90+ each kernel launches with programmatic dependent launch (pdl.cuh) and waits before its first access.
 // A head dim between the tiles' sizes (80, 96, 112; 160, 192) runs the kernel of the next one up (128; 256) with
 // the columns past D never copied, multiplied or written: the bytes read are D's, the tensor-core steps D / 16.
@@ -47,7 +45,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -57,11 +54,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <type_traits>
-#include <utility>
 
 #include "attention_checks.h"  // check_cache_qkv, check_attention_mask
 #include "decode/decode_attention.h"
@@ -99,7 +93,6 @@ struct Params {
   float* part_o;    // [splits, rows_total, D]
   float2* part_ml;  // [splits, rows_total] (max, sum) in log2 units
   int* hidden;      // [rows_total] 1: no key above kHiddenLog2 (finite masks, one split only; else null)
-  unsigned* arrivals;  // [blocks_x] splits that finished each CTA row (zero between calls), or null: combine_splits
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, os0, os1, os2;
   int64_t rows_total;  // B * Hq * Lq
   int hq, hkv, lq, s, group, rows, zchunks, chunk, splits, mask_kind;
@@ -170,9 +163,6 @@ constexpr int kStagesOneRow = 3;  // (four: as fast at batch 32, 1-6% slower at 
 // CTAs per SM that the shared memory allows (2 stages of 64 keys, 2 x RT x 1 KB): registers to fit them.
 template <int D, int RT>
 constexpr int min_ctas() { return padded(D) == 256 ? 2 : RT <= 4 ? 5 : RT == 8 ? 4 : 3; }
-
-template <typename T, int D>
-__device__ void arrive_and_combine(const Params& p, int64_t row0, int nr);
 
 // One CTA: 4 warps, RT rows (<= 16) of one KV head's query group, one split (<= max_chunk keys). The
 // mask first (each distinct mask row once), then K and V of the visible blocks through a ring of kStages
@@ -264,7 +254,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     for (int r = tid; r < nr; r += kWarps * 32) {
       p.part_ml[split * p.rows_total + flat_row(r0 + r)] = make_float2(-INFINITY, 0.f);
     }
-    if (p.arrivals) arrive_and_combine<T, D>(p, flat_row(r0), nr);
     return;
   }
   const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (4 * n)) & 0xfu); };
@@ -443,45 +432,44 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       }
     }
   }
-  if (p.splits > 1 && p.arrivals) arrive_and_combine<T, D>(p, flat_row(r0), nr);
 }
 
 template <typename T, int D, int W>
 __device__ void recompute_row(const Params& p, int64_t row);
 
-// Output row `row` from the splits' partial results, by the NT threads of the calling CTA (thread t writes dims t,
-// t + NT, ...): each split's partial sums rescaled to the common max (a row no key shows above -60000 under a finite
-// mask is computed again here, see recompute_row). The splits' (max, sum) are read in parallel, one per thread; the
-// splits that saw a key are listed in shared memory (in split order) and their partial outputs read U at a time: a
-// short visible prefix of a long cache costs two memory round trips, not one per group of splits. The sums run in
-// split order whatever NT and U are: every caller gets the same bits. Partial results are read through L2 (__ldcg):
-// in the fused combine other CTAs wrote them during this grid.
-template <typename T, int D, int NT, int U>
-__device__ void combine_row(const Params& p, int64_t row) {
-  constexpr int DPT = (padded(D) + NT - 1) / NT;  // dims per thread
-  __shared__ float s_red[NT / 32], s_w[NT], s_l[NT];
-  __shared__ int s_idx[NT], s_cnt[NT / 32];
+// One block of padded(D) threads per output row (thread t < D writes dim t): rescale each split's partial sums to the common max (a row no key
+// shows above -60000 under a finite mask is computed again here, see recompute_row). The splits' (max, sum)
+// are read in parallel, one per thread; the splits that saw a key are listed in shared memory (in split order)
+// and their partial outputs read 32 at a time: a short visible prefix of a long cache costs two memory round
+// trips, not one per group of splits.
+template <typename T, int D>
+__global__ void __launch_bounds__(padded(D)) combine_splits(const Params p) {
+  constexpr int kUnroll = 32;
+  constexpr int P = padded(D);  // threads
+  __shared__ float s_red[P / 32], s_w[P], s_l[P];
+  __shared__ int s_idx[P], s_cnt[P / 32];
+  pdl_wait();  // the main kernel's partial results
+  const int64_t row = blockIdx.x;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const float2* ml = p.part_ml + row;  // split s at ml[s * rows_total]
   float mx = -INFINITY;
-  for (int s = t; s < p.splits; s += NT) mx = fmaxf(mx, __ldcg(ml + s * p.rows_total).x);
+  for (int s = t; s < p.splits; s += P) mx = fmaxf(mx, ml[s * p.rows_total].x);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  __syncthreads();  // s_red: read by every thread for the row before
   if (lane == 0) s_red[warp] = mx;
   __syncthreads();
   mx = s_red[0];
 #pragma unroll
-  for (int w = 1; w < NT / 32; ++w) mx = fmaxf(mx, s_red[w]);
+  for (int w = 1; w < P / 32; ++w) mx = fmaxf(mx, s_red[w]);
   if (p.finite_mask && !(mx > kHiddenLog2)) {  // mx is the CTA's: every thread takes this branch
-    recompute_row<T, D, NT / 32>(p, row);
+    recompute_row<T, D, P / 32>(p, row);
     return;
   }
-  float l = 0.f, acc[DPT] = {};
-  for (int base = 0; base < p.splits; base += NT) {
-    const int n = min(NT, p.splits - base);
+  float l = 0.f, acc = 0.f;
+  for (int base = 0; base < p.splits; base += P) {
+    const int n = min(P, p.splits - base);
     float2 x = make_float2(-INFINITY, 0.f);
-    if (t < n) x = __ldcg(ml + (base + t) * p.rows_total);
+    if (t < n) x = ml[(base + t) * p.rows_total];  // (from L1: read above)
     const bool ok = x.x != -INFINITY;  // a split that saw nothing wrote no partial output
     const unsigned bal = __ballot_sync(0xffffffffu, ok);
     __syncthreads();  // the list of the tile before is read
@@ -489,7 +477,7 @@ __device__ void combine_row(const Params& p, int64_t row) {
     __syncthreads();
     int pos = __popc(bal & ((1u << lane) - 1)), nok = 0;
 #pragma unroll
-    for (int w = 0; w < NT / 32; ++w) {
+    for (int w = 0; w < P / 32; ++w) {
       pos += w < warp ? s_cnt[w] : 0;
       nok += s_cnt[w];
     }
@@ -498,60 +486,24 @@ __device__ void combine_row(const Params& p, int64_t row) {
       s_idx[pos] = base + t, s_w[pos] = w, s_l[pos] = x.y * w;
     }
     __syncthreads();
-    for (int j0 = 0; j0 < nok; j0 += U) {
-      float v[U][DPT];
+    for (int j0 = 0; j0 < nok; j0 += kUnroll) {
+      float v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-#pragma unroll
-        for (int i = 0; i < DPT; ++i) {
-          const int d = t + i * NT;
-          v[u][i] = j0 + u < nok && d < D ? __ldcg(p.part_o + (s_idx[j0 + u] * p.rows_total + row) * D + d) : 0.f;
-        }
+      for (int u = 0; u < kUnroll; ++u) {
+        v[u] = j0 + u < nok && (D == P || t < D) ? p.part_o[(s_idx[j0 + u] * p.rows_total + row) * D + t] : 0.f;
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u) {  // split order, as one loop would: deterministic sums
+      for (int u = 0; u < kUnroll; ++u) {  // split order, as one loop would: deterministic sums
         if (j0 + u < nok) {
           l += s_l[j0 + u];
-#pragma unroll
-          for (int i = 0; i < DPT; ++i) acc[i] = fmaf(v[u][i], s_w[j0 + u], acc[i]);
+          acc = fmaf(v[u], s_w[j0 + u], acc);
         }
       }
     }
   }
-  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
-#pragma unroll
-  for (int i = 0; i < DPT; ++i) {
-    const int d = t + i * NT;
-    if (d < D) static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + d] = from_float<T>(l > 0.f ? acc[i] / l : 0.f);
-  }
-}
-
-// The splits combined in a second kernel (FUSEKIT_DECODE_ATTN_COMBINE=kernel): one block of padded(D) threads a row.
-template <typename T, int D>
-__global__ void __launch_bounds__(padded(D)) combine_splits(const Params p) {
-  pdl_wait();  // the main kernel's partial results
   pdl_trigger();
-  combine_row<T, D, padded(D), 32>(p, blockIdx.x);
-}
-
-// The fused combine: a CTA whose partial results are written counts itself in; the last of its CTA row's splits to
-// arrive combines the row's query rows (row0 .. row0 + nr - 1 in the workspace) and zeroes the counter for the next
-// call. No CTA waits for another (the last one finds every result written), so no split's CTA needs to be resident.
-// It saves the second kernel: its launch and its wait for the first (H200 numbers: see RESULTS.md, Decode steps).
-template <typename T, int D>
-__device__ void arrive_and_combine(const Params& p, int64_t row0, int nr) {
-  __shared__ int s_last;
-  __threadfence();  // this CTA's partial results, visible to the last CTA before its arrival is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned before = atomicAdd(p.arrivals + blockIdx.x, 1u);
-    s_last = before == static_cast<unsigned>(p.splits - 1);
-    if (s_last) p.arrivals[blockIdx.x] = 0u;  // every split has arrived
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();  // (acquire) the other splits' results
-  for (int r = 0; r < nr; ++r) combine_row<T, D, kWarps * 32, 8>(p, row0 + r);
+  const int64_t qi = row % p.lq, h = (row / p.lq) % p.hq, b = row / (static_cast<int64_t>(p.lq) * p.hq);
+  if (D == P || t < D) static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + qi * p.os2 + t] = from_float<T>(l > 0.f ? acc / l : 0.f);
 }
 
 // A row with no key above -60000 under a finite additive mask: the replaced attention weighs every key by
@@ -639,41 +591,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// The fused combine's arrival counters (arrive_and_combine): n zeros, which every call leaves zero (the last split of a
-// CTA row resets its own). Work that may run at the same time must not share them, so each stream has its own, and so
-// has each CUDA graph being captured (its replays alone use them; graphs replayed on two streams at once are apart).
-// They are slices of one arena a device allocates once, zeroed, outside any capture (from the caching allocator, kept
-// for the process). Null where there is none to give (the first call inside a capture, or the arena used up): the
-// splits are then combined by combine_splits.
-unsigned* arrival_counters(int64_t n, const at::Device& device) {
-  constexpr int64_t kArena = int64_t{1} << 20;  // counters a device's arena holds (4 MB)
-  struct Arena {
-    at::Tensor buf;
-    int64_t used = 0;
-    std::map<std::pair<cudaStream_t, unsigned long long>, std::pair<int64_t, int64_t>> slices;  // (offset, size)
-  };
-  static std::mutex mu;
-  static auto* arenas = new std::map<int, Arena>();  // never destroyed: no CUDA calls at exit
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  cudaStreamCaptureStatus status;
-  unsigned long long capture = 0;
-  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture));
-  if (status != cudaStreamCaptureStatusActive) capture = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  Arena& a = (*arenas)[device.index()];
-  if (!a.buf.defined()) {
-    if (capture) return nullptr;  // (allocated inside a capture it would be the graph's memory, zeroed at each replay)
-    a.buf = at::zeros({kArena}, at::TensorOptions().dtype(at::kInt).device(device));
-  }
-  auto& slice = a.slices[{stream, capture}];
-  if (slice.second < n) {  // a new slice (the old one stays: another graph of this stream may still use it)
-    if (a.used + n > kArena) return nullptr;
-    slice = {a.used, n};
-    a.used += n;
-  }
-  return reinterpret_cast<unsigned*>(a.buf.data_ptr<int>()) + slice.first;
-}
-
 // One-row CTAs that fit the GPU at once (their shared memory decides: the ring's stages and the scores).
 int64_t one_row_wave(int cols, int64_t elem) {
   const int64_t smem = kStagesOneRow * kBlockN * cols * elem + 2 * max_chunk(cols, 1) * 4 + 1024;
@@ -695,7 +612,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_ex(decode_attention_kernel<T, D, RT, NS>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32),
             smem_for(p.chunk, p.stages), stream, pdl, 0, p);
-  if (p.splits > 1 && !p.arrivals) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(P), 0, stream, pdl, 0, p);
+  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(P), 0, stream, pdl, 0, p);
   if (p.hidden) {  // one split: no combine to recompute the hidden rows in
     launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
   }
@@ -788,7 +705,6 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
     part_ml = at::empty({splits, p.rows_total, 2}, q.options().dtype(at::kFloat));
     p.part_o = part_o.data_ptr<float>();
     p.part_ml = reinterpret_cast<float2*>(part_ml.data_ptr<float>());
-    if (!debug::decode_attention_combine_kernel()) p.arrivals = arrival_counters(blocks_x, q.device());
   }
   const auto dispatch = [&](auto tag) {
     using T = decltype(tag);
