@@ -261,3 +261,30 @@ def test_roofline_classifies_ops_with_flops():
     small = next(r for s, r in rows.items() if "4096, 4" in s)
     assert big["bound"] == "compute" and small["bound"] == "memory", rows
     assert big["intensity_flop_per_byte"] > 10 > small["intensity_flop_per_byte"]  # ridge: 10 FLOP/B
+
+
+def test_decode_profile_timeline_and_report(tmp_path):
+    """fusekit profile --phase decode's summary of profiled kernels (no GPU needed for the arithmetic): kernels per
+    step and per layer, busy time as the union of overlapping kernels (programmatic dependent launch), idle time,
+    per-kernel sums, the markdown and the plot; without a GPU the command says it needs one."""
+    from fusion_backend.tools import step_profile
+
+    # two replays of a 3-kernel step; c overlaps b by 1 us, 10 us idle between the replays
+    ks = [(0, 5, "void fk::attn<float, 64>(P)"), (6, 10, "triton_poi_fused_add_0"), (9, 12, "gemm_kernel"),
+          (22, 27, "void fk::attn<float, 64>(P)"), (28, 32, "triton_poi_fused_add_0"), (31, 34, "gemm_kernel")]
+    tl = step_profile.timeline(ks, replays=2, layers=3)
+    assert tl["kernels_per_step"] == 3 and tl["kernels_per_layer"] == 1
+    assert tl["busy_us_per_step"] == 11 and tl["span_us_per_step"] == 17 and tl["idle_us_per_step"] == 6
+    by = {k["short"]: k for k in tl["by_kernel"]}
+    assert by["attn"]["us_per_step"] == 5 and by["attn"]["per_step"] == 1 and by["gemm_kernel"]["us_median"] == 3
+    assert [k["short"] for k in tl["one_step"]] == ["attn", "triton_poi_fused_add_0", "gemm_kernel"]
+    assert [k["gap_before_us"] for k in tl["one_step"]] == [0, 1, -1]
+    res = [{"model": "llama", "batch": 1, "position": 1024, "floor_ms": 0.005,
+            "backends": {"inductor": {"step_ms": 0.02, **tl}, "fusekit": {"error": "no CUDA graph"}}}]
+    md = step_profile.markdown(res, {"device": "X", "torch": "t", "transformers": "t", "copy_gbps": 1000.0})
+    assert "| llama | 1 | 1024 | inductor | 0.020 | 25% | 3 | 1.0 | 11 | 6 |" in md and "no CUDA graph" in md
+    step_profile.plot(res, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a GPU"):
+            cli.main(["profile", "--phase", "decode", "--model", "llama"])

@@ -3,7 +3,7 @@ position `position`) compiled by Inductor and by fusekit, replayed as a CUDA gra
 of one step in launch order, their time per step grouped by kernel, the kernel count per step and per decoder layer,
 the time the GPU ran no kernel (launch gaps; with programmatic dependent launch kernels may overlap, so busy time is
 the union of their intervals), and the step's byte floor. Writes decode_profile.md/.json and a Chrome trace per
-backend (the timeline itself)."""
+backend (the timeline itself), and a plot of each step's time by kernel category."""
 from __future__ import annotations
 
 import json
@@ -142,6 +142,35 @@ def markdown(results: list[dict[str, Any]], env: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: list[dict[str, Any]], path: pathlib.Path) -> None:
+    """A bar per (model, batch, backend): its kernels' time per step stacked by category, the step's time and floor
+    marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{r['model']} b{r['batch']} {be}", b, r.get("floor_ms")) for r in results
+            for be, b in r["backends"].items() if "error" not in b]
+    cats = sorted({k["category"] for _, b, _ in bars for k in b["by_kernel"]})
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(bars) + 1.5))
+    left = [0.0] * len(bars)
+    for c in cats:
+        widths = [sum(k["us_per_step"] for k in b["by_kernel"] if k["category"] == c) / 1e3 for _, b, _ in bars]
+        ax.barh(range(len(bars)), widths, left=left, label=c)
+        left = [x + w for x, w in zip(left, widths)]
+    for i, (_, b, floor) in enumerate(bars):
+        ax.plot([b["step_ms"]], [i], "k|", ms=14)
+        if floor:
+            ax.plot([floor], [i], "rx")
+    ax.set_yticks(range(len(bars)), [n for n, _, _ in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per decode step (bars: kernels by category; |: the step; x: byte floor)")
+    ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def bench(names: list[str], batches: tuple[int, ...], position: int, out: pathlib.Path, enable: tuple[str, ...] = (),
           disable: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     from .e2e import environment
@@ -163,8 +192,9 @@ def bench(names: list[str], batches: tuple[int, ...], position: int, out: pathli
                           f"({r['kernels_per_layer'] or 0:.1f} a layer), idle {r['idle_us_per_step']:.0f} us", flush=True)
             (out / "decode_profile.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "decode_profile.md").write_text(markdown(results, env))
+    plot(results, out / "decode_profile.png")
     print()
     print(markdown(results, env))
-    print(f"wrote {out / 'decode_profile.md'}, {out / 'decode_profile.json'} and Chrome traces "
+    print(f"wrote {out / 'decode_profile.md'}, .json, .png and Chrome traces "
           f"{out}/trace_decode_<model>_b<batch>_<backend>.json")
     return results
