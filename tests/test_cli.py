@@ -285,6 +285,8 @@ def test_decode_profile_timeline_and_report(tmp_path):
     assert "| llama | 1 | 1024 | inductor | 0.020 | 25% | 3 | 1.0 | 11 | 6 |" in md and "no CUDA graph" in md
     step_profile.plot(res, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="not a decoder"):
+        cli.main(["profile", "--phase", "decode", "--model", "bert,llama"])
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a GPU"):
-            cli.main(["profile", "--phase", "decode", "--model", "llama"])
+            cli.main(["profile", "--phase", "decode"])

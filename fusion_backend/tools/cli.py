@@ -90,12 +90,12 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
         split = lambda s: tuple(s.split(",")) if s else ()  # noqa: E731
         batches = tuple(int(x) for x in split(a.batches)) or (1, 32)
-        step_profile.bench(list(split(a.model)), batches, a.position, pathlib.Path(a.out),
+        step_profile.bench(list(split(a.model or "llama")), batches, a.position, pathlib.Path(a.out),
                            split(a.enable), split(a.disable))
         return 0
     from . import profile
 
-    profile.profile_model(a.model, pathlib.Path(a.out), iters=a.iters)
+    profile.profile_model(a.model or "bert", pathlib.Path(a.out), iters=a.iters)
     return 0
 
 
@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)
     p = sub.add_parser("profile", help="torch.profiler report of one model under eager, Inductor, fusekit")
-    p.add_argument("--model", default="bert")
+    p.add_argument("--model", default=None, help="default: bert (prefill), llama (decode)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", default="fusekit_profile", help="default: fusekit_profile")
     p.add_argument("--phase", default="prefill", choices=("prefill", "decode"),

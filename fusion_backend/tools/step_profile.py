@@ -175,6 +175,11 @@ def bench(names: list[str], batches: tuple[int, ...], position: int, out: pathli
           disable: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     from .e2e import environment
 
+    from . import models
+
+    bad = [n for n in names if n not in models.MODELS or models.MODELS[n].encoder]
+    if bad:
+        raise SystemExit(f"fusekit profile --phase decode: not a decoder of fusekit's models: {', '.join(bad)}")
     if not torch.cuda.is_available():
         raise SystemExit("fusekit profile --phase decode times CUDA graphs: it needs a GPU")
     out.mkdir(parents=True, exist_ok=True)
