@@ -228,12 +228,38 @@ def doctor_text() -> str:
             lines.append(f"  {', '.join(named)}: {why}")
     from ..patterns import LIMITS
 
+    lines += _rewrites_text(cuda)
     lines.append("limits (these sites stay Inductor's):")
     lines += [f"  {line}" for line in LIMITS]
     if not cuda:
         lines.append("this machine: every rule, in every dtype it takes, runs on CPU with options={'cpu_reference': "
                      "True}, as a reference implementation (to check the flow: `fusekit bench`), not for speed")
     return "\n".join(lines)
+
+
+def _rewrites_text(cuda: bool) -> list[str]:
+    """The graph rewrites that are not table rules (a graph input mutated in place, collectives): each on by default,
+    what it needs, and whether its kernel is there (this GPU's, else the sm_90a build's)."""
+    from .. import _ext, collectives, kv_cache
+
+    rows = [(kv_cache.RULE, kv_cache.KERNEL, "a full sliding window's roll, in place (any 1/2/4-byte cache dtype)"),
+            (collectives.RULE, None, "tensor-parallel all-reduce of <= 256 KB as torch's one-shot over symmetric "
+             "memory (bf16, fp32; every rank on this host)"),
+            (collectives.NORM_RULE, collectives.KERNELS[0], "that all-reduce + residual add + RMSNorm in one kernel")]
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+    skipped = _ext.skipped("9.0a")
+    out = ["graph rewrites outside the tables (on by default; off with options={'disable': [id or family]}):"]
+    for rule, op, what in rows:
+        if op is None:
+            state = "on"
+        elif cuda:
+            why = _ext.missing_cuda_kernel(op, dev)
+            state = "on" if why is None else f"no-kernel ({why})"
+        else:
+            why = next((w for f, w in skipped.items() if f.endswith(f"/{op}.cu")), None)
+            state = "on (sm_90a)" if why is None else f"no-kernel ({why})"
+        out.append(f"  {rule:36s} {state:12s} {what}")
+    return out + [""]
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
