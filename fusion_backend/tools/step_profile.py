@@ -112,7 +112,8 @@ def markdown(results: list[dict[str, Any]], env: dict[str, Any]) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}. One decode step against a StaticCache, "
              f"compiled by each backend and replayed as a CUDA graph; kernels from torch.profiler over {REPLAYS} "
              "replays. span = first kernel start to last kernel end per step; busy = the union of kernel intervals; "
-             "idle = span - busy (launch gaps between dependent kernels). Floor = weights + visible KV rows at "
+             "idle = span - busy (launch gaps between dependent kernels; replays run back to back, so the gap between two "
+             "steps counts too). Floor = weights + visible KV rows at "
              f"the copy bandwidth ({(env.get('copy_gbps') or 0):,.0f} GB/s).", "",
              "| model | batch | position | backend | step ms | floor share | kernels / step | / layer | busy us | "
              "idle us |", "|---|---|---|---|---|---|---|---|---|---|"]
