@@ -112,9 +112,9 @@ def markdown(results: list[dict[str, Any]], env: dict[str, Any]) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}. One decode step against a StaticCache, "
              f"compiled by each backend and replayed as a CUDA graph; kernels from torch.profiler over {REPLAYS} "
              "replays. span = first kernel start to last kernel end per step; busy = the union of kernel intervals; "
-             "idle = span - busy (launch gaps between dependent kernels; replays run back to back, so the gap between two "
-             "steps counts too). Floor = weights + visible KV rows at "
-             f"the copy bandwidth ({(env.get('copy_gbps') or 0):,.0f} GB/s).", "",
+             "idle = span - busy (launch gaps between dependent kernels; replays run back to back, so the gap "
+             "between two steps counts too). Floor = weights + visible KV rows at the copy bandwidth "
+             f"({(env.get('copy_gbps') or 0):,.0f} GB/s).", "",
              "| model | batch | position | backend | step ms | floor share | kernels / step | / layer | busy us | "
              "idle us |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -131,10 +131,12 @@ def markdown(results: list[dict[str, Any]], env: dict[str, Any]) -> str:
             if "error" in b:
                 continue
             lines += ["", f"## {r['model']} batch {r['batch']} at {r['position']}: {be}, by kernel", "",
-                      "| kernel | category | per step | us per step | median us | share of busy |", "|---|---|---|---|---|---|"]
+                      "| kernel | category | per step | us per step | median us | share of busy |",
+                      "|---|---|---|---|---|---|"]
             for k in b["by_kernel"]:
-                lines.append(f"| `{k['short'][:60]}` | {k['category']} | {k['per_step']:.0f} | {k['us_per_step']:.1f} | "
-                             f"{k['us_median']:.1f} | {k['us_per_step'] / max(b['busy_us_per_step'], 1e-9):.0%} |")
+                share = k["us_per_step"] / max(b["busy_us_per_step"], 1e-9)
+                lines.append(f"| `{k['short'][:60]}` | {k['category']} | {k['per_step']:.0f} | "
+                             f"{k['us_per_step']:.1f} | {k['us_median']:.1f} | {share:.0%} |")
             n = 2 * round(b["kernels_per_layer"] or 0) + 6  # the embedding's kernels and the first two layers
             lines += ["", f"The step's first {n} kernels in launch order (us; gap: since the previous kernel ended, "
                       "negative where programmatic dependent launch overlapped them): "
@@ -195,7 +197,8 @@ def bench(names: list[str], batches: tuple[int, ...], position: int, out: pathli
             for be, r in results[-1]["backends"].items():
                 if "error" not in r:
                     print(f"  {be:8s} {r['step_ms']:.3f} ms, {r['kernels_per_step']:.0f} kernels "
-                          f"({r['kernels_per_layer'] or 0:.1f} a layer), idle {r['idle_us_per_step']:.0f} us", flush=True)
+                          f"({r['kernels_per_layer'] or 0:.1f} a layer), idle {r['idle_us_per_step']:.0f} us",
+                          flush=True)
             (out / "decode_profile.json").write_text(json.dumps({"env": env, "steps": results}, indent=1, default=str))
             (out / "decode_profile.md").write_text(markdown(results, env))
     plot(results, out / "decode_profile.png")
