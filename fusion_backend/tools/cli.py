@@ -139,13 +139,17 @@ def _cell_here(p, dtype: torch.dtype, device: torch.device) -> tuple[str, str | 
     return ("on*" if p.min_numel(dtype) else "on"), None
 
 
+def _not_built(op: str, skipped: dict[str, str]) -> str | None:
+    """'family/op.cu: why' where fusekit::op's kernel file is among `skipped` (_ext.skipped: not built, and why)."""
+    return next((f"{f}: {w}" for f, w in skipped.items() if f.endswith(f"/{op}.cu")), None)
+
+
 def _cell_sm90(p, dtype: torch.dtype, skipped: dict[str, str]) -> tuple[str, str | None]:
     """(cell, why no kernel) for rule `p` in `dtype` on an sm_90 GPU (H100/H200) with the kernels that this install
     builds for sm_90a (`skipped`: the kernel files it cannot build, and why): the rule's measured policy."""
     if dtype not in p.dtypes:
         return "-", None
-    why = next((f"{f}: {w}" for f, w in skipped.items() if f.endswith(f"/{p.op}.cu")), None) or \
-        _op_dtype_missing(p, dtype)
+    why = _not_built(p.op, skipped) or _op_dtype_missing(p, dtype)
     if why:
         return "no-kernel", why
     if not p.on_by_default(dtype, "9.0a"):
@@ -256,7 +260,7 @@ def _rewrites_text(cuda: bool) -> list[str]:
             why = _ext.missing_cuda_kernel(op, dev)
             state = "on" if why is None else f"no-kernel ({why})"
         else:
-            why = next((w for f, w in skipped.items() if f.endswith(f"/{op}.cu")), None)
+            why = _not_built(op, skipped)
             state = "on (sm_90a)" if why is None else f"no-kernel ({why})"
         out.append(f"  {rule:36s} {state:12s} {what}")
     return out + [""]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from . import models
 from .cuda_graphs import capture
 from .decode_bench import Step, _compile, copy_bandwidth, first_call
 from .profile import category
@@ -177,8 +178,6 @@ def plot(results: list[dict[str, Any]], path: pathlib.Path) -> None:
 def bench(names: list[str], batches: tuple[int, ...], position: int, out: pathlib.Path, enable: tuple[str, ...] = (),
           disable: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     from .e2e import environment
-
-    from . import models
 
     bad = [n for n in names if n not in models.MODELS or models.MODELS[n].encoder]
     if bad:
