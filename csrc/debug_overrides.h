@@ -60,6 +60,13 @@ inline int window_roll_piece() {
   return e == nullptr ? 0 : std::max(0, std::atoi(e));
 }
 
+// FUSEKIT_ROLL_ATTENTION: "separate" runs decode_attention_roll as window_roll on k and v, then decode_attention
+// (decode/decode_attention_roll.cu: the unfused steps, to time the fusion against); anything else: its own choice.
+inline bool roll_attention_separate() {
+  const char* e = std::getenv("FUSEKIT_ROLL_ATTENTION");
+  return e != nullptr && std::strcmp(e, "separate") == 0;
+}
+
 // FUSEKIT_DECODE_ATTN_SPLITS: N > 0 splits of the cache per decode_attention CTA row (at most one per 64-key
 // block, at least what the split's key limit needs); 0 (unset or not a number): its own choice.
 inline int decode_attention_splits() {

@@ -476,10 +476,122 @@ def test_window_roll_bad_calls():
         roll(cache[..., ::2], torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16))  # strided rows
 
 
+# ---- fusekit::decode_attention_roll: both rolls and the attention in one pass (fusion_backend/kv_cache.py) -------
+roll_attention = torch.ops.fusekit.decode_attention_roll
+ROLL_SHAPES = [(32, 16, 4, 1024, 128), (1, 16, 4, 1024, 128), (4, 8, 1, 512, 256), (3, 8, 2, 200, 64),
+               (2, 12, 4, 1000, 96), (5, 4, 4, 70, 128), (2, 32, 2, 4096, 128), (2, 32, 1, 300, 64)]
+# (b, Hq, Hkv, window, D): Mistral-style at batch 32 and 1, Gemma-3-style MQA, a window of partial blocks, a padded
+# head dim, MHA, a long window (many splits), 32 query rows a KV head (more than one CTA row: the two-pass path)
+
+
+def _roll_inputs(b, hq, hkv, w, d, dt):
+    """q as a model gives it, the caches slices of larger buffers (their head 0 must stay), new rows strided."""
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt).transpose(1, 2)
+    bufs = [torch.randn(b, hkv + 1, w, d, device="cuda", dtype=dt) for _ in range(2)]
+    new = [torch.randn(b, 1, hkv, d, device="cuda", dtype=dt).transpose(1, 2) for _ in range(2)]
+    return q, bufs, new
+
+
+def _roll_mask(kind, b, w, dt):
+    """Over the moved window: none; left padding (sequence r starts at slot 70 r: hidden blocks that still move);
+    an additive mask whose finite minimum hides every key of sequence 1 (the row computed again)."""
+    if kind is None:
+        return None
+    keep = _mask("padded", b, 1, w, w)
+    keep = keep & (torch.arange(w, device="cuda") >= 70 * torch.arange(b, device="cuda").view(b, 1, 1, 1))
+    if kind == "padded":
+        return keep
+    keep = keep.clone()
+    keep[1 % b] = False
+    return torch.zeros(keep.shape, dtype=dt, device="cuda").masked_fill(~keep, torch.finfo(torch.float16).min)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", ROLL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", [None, "padded", "finite"])
+@pytest.mark.parametrize("splits", ["", "1", "3"], ids=["own-splits", "1-split", "3-splits"])
+def test_roll_attention_is_the_rolls_then_the_attention(shape, kind, splits, dt, monkeypatch):
+    """The caches moved bit for bit (the split boundaries' rows included), the output within 2x a same-dtype eager
+    attention's error of float64 over the moved window, and bit for bit what window_roll then decode_attention
+    give (FUSEKIT_ROLL_ATTENTION=separate)."""
+    if splits:
+        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", splits)
+    b, hq, hkv, w, d = shape
+    q, (bk, bv), (nk, nv) = _roll_inputs(b, hq, hkv, w, d, dt)
+    mask = _roll_mask(kind, b, w, dt)
+    k, v, k2, v2 = bk[:, 1:], bv[:, 1:], bk[:, 1:].clone(), bv[:, 1:].clone()
+    heads0 = bk[:, 0].clone(), bv[:, 0].clone()
+    want_k, want_v = torch.cat([k[:, :, 1:], nk], 2), torch.cat([v[:, :, 1:], nv], 2)
+    out = roll_attention(q, k, v, nk, nv, mask, 0.0883)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+    assert torch.equal(bk[:, 0], heads0[0]) and torch.equal(bv[:, 0], heads0[1])
+    mask64 = None if mask is None else mask if mask.dtype == torch.bool else mask.double()
+    ref64 = decode_attention_ref(q.double(), want_k.double(), want_v.double(), mask64, 0.0883)
+    same = decode_attention_eager(q, want_k, want_v, mask, 0.0883)
+    err, err_eager = (out.double() - ref64).abs().max().item(), (same.double() - ref64).abs().max().item()
+    assert err <= 2 * err_eager + 1e-6, (err, err_eager)
+    if kind == "finite":
+        assert out[1 % b].abs().amax() > 0  # the hidden row: weighed over every key, not 0
+    monkeypatch.setenv("FUSEKIT_ROLL_ATTENTION", "separate")
+    out2 = roll_attention(q, k2, v2, nk, nv, mask, 0.0883)
+    assert torch.equal(out, out2) and torch.equal(k2, want_k) and torch.equal(v2, want_v)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_roll_attention_softcap(dt):
+    """Gemma-2's soft-capped scores over the moved window."""
+    b, hq, hkv, w, d = 4, 8, 4, 512, 256
+    q, (bk, bv), (nk, nv) = _roll_inputs(b, hq, hkv, w, d, dt)
+    k, v = bk[:, 1:], bv[:, 1:]
+    want_k, want_v = torch.cat([k[:, :, 1:], nk], 2), torch.cat([v[:, :, 1:], nv], 2)
+    mask = torch.zeros(b, 1, 1, w, device="cuda", dtype=dt)
+    out = roll_attention(q, k, v, nk, nv, mask, 0.0625, 50.0)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+    ref64 = decode_attention_softcap_ref(q.double(), want_k.double(), want_v.double(), mask.double(), 0.0625, 50.0)
+    same = decode_attention_softcap_ref(q, want_k, want_v, mask, 0.0625, 50.0)
+    err, err_eager = (out.double() - ref64).abs().max().item(), (same.double() - ref64).abs().max().item()
+    assert err <= 2 * err_eager + 1e-6, (err, err_eager)
+
+
+def test_roll_attention_in_a_cuda_graph():
+    """Three steps (a warm-up and two replays): the caches as three rolls leave them, the output the last step's."""
+    b, hq, hkv, w, d = 8, 16, 4, 1024, 128
+    q, (bk, bv), (nk, nv) = _roll_inputs(b, hq, hkv, w, d, torch.bfloat16)
+    k, v = bk[:, 1:].contiguous(), bv[:, 1:].contiguous()
+    want_k, want_v = k.clone(), v.clone()
+    for _ in range(3):
+        want_k, want_v = torch.cat([want_k[:, :, 1:], nk], 2), torch.cat([want_v[:, :, 1:], nv], 2)
+    g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        roll_attention(q, k, v, nk, nv, None, 0.0883)
+        with torch.cuda.graph(g, stream=s):
+            out = roll_attention(q, k, v, nk, nv, None, 0.0883)
+    torch.cuda.synchronize()
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+    ref = decode_attention_ref(q.double(), want_k.double(), want_v.double(), None, 0.0883)
+    assert (out.double() - ref).abs().max().item() < 2e-2
+
+
+def test_roll_attention_bad_calls():
+    q, (bk, bv), (nk, nv) = _roll_inputs(2, 8, 4, 64, 128, torch.bfloat16)
+    k, v = bk[:, 1:], bv[:, 1:]
+    with pytest.raises(RuntimeError, match="decode_attention_roll"):
+        roll_attention(q, k, v, nk[:, :2], nv, None, 0.1)  # new rows of another head count
+    with pytest.raises(RuntimeError, match="decode_attention_roll"):
+        roll_attention(q, k, v, nk.half(), nv, None, 0.1)  # another dtype
+    with pytest.raises(RuntimeError, match="decode_attention_roll"):
+        roll_attention(q, k, v, nk, nv, None, 0.1, -1.0)  # a negative softcap
+    with pytest.raises(RuntimeError, match="head dim"):
+        roll_attention(q[..., :48], k[..., :48], v[..., :48], nk[..., :48], nv[..., :48], None, 0.1)
+
+
 def test_full_sliding_window_steps_under_cuda_graphs():
     """A Mistral-style model (window 1024 of a 2048-slot cache) at positions 1500-1502: every layer's window is full
-    and rolls. fusekit under CUDA graphs takes each roll in place; its logits within 2x Inductor's error against
-    eager, the moved rows bit for bit eager's."""
+    and rolls. fusekit under CUDA graphs takes each layer's rolls and attention in one op; its logits within 2x
+    Inductor's error against eager, the moved rows bit for bit eager's."""
     from fusion_backend import stats
     from fusion_backend.backend import backend
     from fusion_backend.report import Report, no_compile_caches
@@ -506,7 +618,7 @@ def test_full_sliding_window_steps_under_cuda_graphs():
         fk, rows_f = run(torch.compile(st.model, backend=backend(mode="reduce-overhead")))
     torch._dynamo.reset()
     rep = Report(list(records))
-    assert rep.sites["cache.window_roll"] >= 2 * layers and not rep.errors, str(rep)
+    assert rep.sites["cache.window_roll_attention"] >= layers and not rep.errors, str(rep)
     for e, i, f in zip(eager, ind, fk):
         err, err_ind = (f - e).abs().max().item(), (i - e).abs().max().item()
         assert err <= 2 * err_ind + 1e-3, (err, err_ind)

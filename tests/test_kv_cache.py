@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fusion_backend
-from fusion_backend.kv_cache import RULE, window_roll_ref
+from fusion_backend.kv_cache import ATTENTION_RULE, RULE, window_roll_ref
 
 op = torch.ops.fusekit.window_roll
 
@@ -72,12 +72,14 @@ def test_rewrite_keeps_a_cache_read_elsewhere():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,rolled,batch,disable", [("mistral", 2, 2, False), ("mistral", 2, 1, False),
-                                                        ("mistral", 2, 2, True), ("gemma3", 2, 2, False),
-                                                        ("gemma2", 1, 2, False)])
+@pytest.mark.parametrize("name,rolled,batch,disable", [("mistral", 2, 2, None), ("mistral", 2, 1, None),
+                                                        ("mistral", 2, 2, RULE), ("mistral", 2, 2, ATTENTION_RULE),
+                                                        ("gemma3", 2, 2, None), ("gemma3", 2, 1, ATTENTION_RULE),
+                                                        ("gemma2", 1, 2, None)])
 def test_full_sliding_window_step(name, rolled, batch, disable):
-    """A decode step of a tiny model whose sliding windows (32 slots) are full: the rule takes each rolled K and V
-    (`rolled` layers of 2), and the logits and every cache row match eager's step."""
+    """A decode step of a tiny model whose sliding windows (32 slots) are full: each of the `rolled` layers (of 2)
+    takes its two rolls and its decode attention in one op (or, with that rule off, the rolls one op each; with
+    the roll rule off, neither), and the logits and every cache row match eager's step."""
     from transformers import StaticCache
 
     from test_architectures import _model
@@ -98,11 +100,12 @@ def test_full_sliding_window_step(name, rolled, batch, disable):
         want = model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
         want_rows = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
         restore()
-        options = {"cpu_reference": True, **({"disable": [RULE]} if disable else {})}
+        options = {"cpu_reference": True, **({"disable": [disable]} if disable else {})}
         rep = fusion_backend.explain(model, tok, past_key_values=cache, cache_position=pos, use_cache=True,
                                      options=options)
     assert not rep.errors, str(rep)
-    assert rep.sites[RULE] == (0 if disable else 2 * rolled), str(rep)
+    assert rep.sites[ATTENTION_RULE] == (0 if disable else rolled), str(rep)
+    assert rep.sites[RULE] == (2 * rolled if disable == ATTENTION_RULE else 0), str(rep)
     torch.testing.assert_close(rep.output.logits, want, atol=1e-4, rtol=1e-4)
     for layer, (k, v) in zip(cache.layers, want_rows):
         torch.testing.assert_close(layer.keys, k, atol=1e-5, rtol=1e-5)
@@ -117,3 +120,48 @@ def test_reference_is_the_ops_cpu_kernel():
     window_roll_ref(a, new)
     op(b, new)
     assert torch.equal(a, b) and torch.equal(a, _rolled(cache, new))
+
+
+def test_roll_attention_reference_is_the_rolls_then_the_attention():
+    """fusekit::decode_attention_roll on CPU (its reference): both caches rolled in place, then decode attention over
+    them (GQA 8/2, a bool mask; soft-capped too); opcheck on its schema (two caches mutated, a result)."""
+    from fusion_backend.patterns.decode import decode_attention_ref, decode_attention_softcap_ref
+
+    fused = torch.ops.fusekit.decode_attention_roll
+    q, k, v = torch.randn(2, 8, 1, 16), torch.randn(2, 2, 24, 16), torch.randn(2, 2, 24, 16)
+    nk, nv = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    keep = torch.rand(2, 1, 1, 24) > 0.3
+    bias = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))  # (soft-capped attention adds its mask)
+    want_k, want_v = _rolled(k, nk), _rolled(v, nv)
+    for softcap, mask in ((0.0, keep), (20.0, bias)):
+        kk, vv = k.clone(), v.clone()
+        out = fused(q, kk, vv, nk, nv, mask, 0.25, softcap)
+        assert torch.equal(kk, want_k) and torch.equal(vv, want_v)
+        want = decode_attention_softcap_ref(q, want_k, want_v, mask, 0.25, softcap) if softcap else \
+            decode_attention_ref(q, want_k, want_v, mask, 0.25)
+        torch.testing.assert_close(out, want)
+    torch.library.opcheck(fused, (q, k.clone(), v.clone(), nk, nv, keep, 0.25, 0.0))
+
+
+def test_roll_attention_not_fused_where_the_cache_is_read_elsewhere():
+    """A layer whose rolled K cache is also read outside its attention keeps both rolls as window_roll (a near miss
+    of the fused rule), and the result and caches match eager."""
+    from fusion_backend.patterns.decode import decode_attention_ref
+
+    def step(kc, vc, q, nk, nv):
+        for c, n in ((kc, nk), (vc, nv)):
+            r = c.roll(-1, dims=-2)
+            r[:, :, torch.tensor([-1])] = n
+            c.copy_(r)
+        return decode_attention_ref(q, kc, vc, None, 0.25), kc.sum()
+
+    q, k, v = torch.randn(2, 8, 1, 64), torch.randn(2, 2, 32, 64), torch.randn(2, 2, 32, 64)
+    nk, nv = torch.randn(2, 2, 1, 64), torch.randn(2, 2, 1, 64)
+    wk, wv = k.clone(), v.clone()
+    want = step(wk, wv, q, nk, nv)
+    gk, gv = k.clone(), v.clone()
+    out, rep = _compiled(step, gk, gv, q, nk, nv)
+    assert rep.sites[ATTENTION_RULE] == 0 and rep.sites[RULE] == 2, str(rep)
+    assert any(m.pattern == ATTENTION_RULE for m in rep.near_misses), str(rep)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(gk, wk) and torch.equal(gv, wv)

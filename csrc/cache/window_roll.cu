@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cache/window_roll.h"
 #include "checks.h"  // describe
 #include "debug_overrides.h"
 #include "launch.cuh"
@@ -106,6 +107,8 @@ __global__ void __launch_bounds__(kRoll) window_roll_kernel(const Params p) {
   pdl_trigger();
 }
 
+}  // namespace
+
 void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   TORCH_CHECK(cache.is_cuda() && fresh.device() == cache.device(),
               "fusekit: window_roll: cache and new on one CUDA device: ", describe(cache), ", ", describe(fresh));
@@ -165,7 +168,6 @@ void window_roll_cuda(const at::Tensor& cache, const at::Tensor& fresh) {
   launch_ex(kernel, grid, block, 0, stream, pdl_allowed(version, 'a'), 0, p);
 }
 
-}  // namespace
 }  // namespace fusekit
 
 TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { m.impl("window_roll", &fusekit::window_roll_cuda); }

@@ -101,6 +101,14 @@ struct Params {
   float scale_log2;  // scale * log2(e): scores live in log2 units (exp2f)
   float cap_log2;    // softcap * log2(e), 0: no soft-capping (a score x becomes cap * tanh(x / cap))
   float inv_cap_log2;
+  // decode_attention_roll (a full sliding window moved one slot to the left while it is read): key j is read from
+  // slot j + 1 (the last key: the new row) and written back into slot j. The first slot of each split after the
+  // first is read by the split before it: its new value waits in `edge` until the combine writes it.
+  int roll, bhkv;                  // bhkv: B x Hkv
+  const void* new_k;
+  const void* new_v;               // [B, Hkv, 1, D]
+  int64_t nks0, nks1, nvs0, nvs1;  // their batch and head strides (elements)
+  void* edge;                      // [2 (K, V)][splits - 1][B x Hkv][D], q's dtype; null: one split or no roll
 };
 
 
@@ -244,11 +252,9 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   int nvis = 0;
   uint64_t vlist = 0;  // the visible blocks: their indices in order (4 bits each, at most 16 blocks a split)
   uint32_t vbits = 0;  // and as bits
-  for (int blk = 0; blk < nblocks; ++blk) {
-    if (s_vis[blk]) {
-      vlist |= static_cast<uint64_t>(blk) << (4 * nvis++);
-      vbits |= 1u << blk;
-    }
+  for (int blk = 0; blk < nblocks; ++blk) {  // (a roll loads every block: each moves, visible or not)
+    if (s_vis[blk]) vbits |= 1u << blk;
+    if (s_vis[blk] || p.roll) vlist |= static_cast<uint64_t>(blk) << (4 * nvis++);
   }
   if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
     for (int r = tid; r < nr; r += kWarps * 32) {
@@ -268,6 +274,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + crow * p.vs2 + ccol * 8;
   const int sw[2] = {crow * P + (ccol ^ (crow & 7)) * 8, crow * P + (ccol ^ ((crow + RSTEP) & 7)) * 8};  // (even, odd i)
   const int items = 2 * nvis;
+  const T* nkb = p.roll ? static_cast<const T*>(p.new_k) + b * p.nks0 + kvh * p.nks1 + ccol * 8 : nullptr;
+  const T* nvb = p.roll ? static_cast<const T*>(p.new_v) + b * p.nvs0 + kvh * p.nvs1 + ccol * 8 : nullptr;
   const auto issue = [&](int item) {
     if (item < items && copies) {
       const bool is_v = item >= nvis;
@@ -275,7 +283,14 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       T* dst = stage + (item % NS) * kBlockN * P;
       const int64_t rs = is_v ? p.vs2 : p.ks2, step = RSTEP * rs;
       const T* src = (is_v ? vb : kb) + k0 * rs;
-      if (k0 + kBlockN <= p.s) {  // a whole block of the cache
+      if (p.roll) {  // key j from slot j + 1, the last key the new row, keys past the cache zeros
+        const T* fresh = is_v ? nvb : nkb;
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+          const int key = k0 + crow + i * RSTEP;
+          cp_async16(dst + i * RSTEP * P + sw[i & 1], key + 1 < p.s ? src + (i * RSTEP + 1) * rs : fresh, key < p.s);
+        }
+      } else if (k0 + kBlockN <= p.s) {  // a whole block of the cache
 #pragma unroll
         for (int i = 0; i < CPT; ++i, src += step) cp_async16(dst + i * RSTEP * P + sw[i & 1], src, true);
       } else {  // the cache's last, partial block: rows past it are zero-filled (from a valid address)
@@ -291,6 +306,29 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);
+  // A roll: the block's keys (slots k0 + 1 ..., landed for every thread) go back one slot down, to k0 ... Safe in
+  // place: those slots were read by this block or the one before (landed too), and the ring's later loads read
+  // slots above them; the split's first slot (read by the split before) goes to `edge` for the combine.
+  const auto roll_store = [&](int item) {
+    if (!p.roll || !copies) return;
+    const bool is_v = item >= nvis;
+    const int k0 = key_begin + nth_visible(is_v ? item - nvis : item) * kBlockN;
+    const T* st = stage + (item % NS) * kBlockN * P;
+    const int64_t rs = is_v ? p.vs2 : p.ks2;
+    T* dst = const_cast<T*>(is_v ? vb : kb) + k0 * rs;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int key = k0 + crow + i * RSTEP;
+      if (key >= p.s) continue;
+      const uint4 x = *reinterpret_cast<const uint4*>(st + i * RSTEP * P + sw[i & 1]);
+      if (key == key_begin && split > 0) {
+        const int64_t e = (static_cast<int64_t>(is_v) * (p.splits - 1) + split - 1) * p.bhkv + bh;
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.edge) + e * D + ccol * 8) = x;
+      } else {
+        *reinterpret_cast<uint4*>(dst + i * RSTEP * rs) = x;
+      }
+    }
+  };
 
   uint32_t qa[D / 16][4];  // A fragments of Q: rows g and g + 8 (zeros past the CTA's rows), read meanwhile
   {
@@ -321,22 +359,25 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     issue(item + NS - 1);
     cp_async_wait<NS - 1>();
     __syncthreads();
+    roll_store(item);
     const int blk = nth_visible(item);
     const T* st = stage + (item % NS) * kBlockN * P;
-    float acc[2][4] = {};
-    const int krow = warp * 16 + (ml >> 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
+    if (vbits >> blk & 1u) {  // (a roll's hidden blocks only move)
+      float acc[2][4] = {};
+      const int krow = warp * 16 + (ml >> 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t kf[4];
-      ldsm_x4<false>(kf, st + krow * P + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
-      mma16816<T>(acc[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[0], kf[1]);
-      mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
-    }
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t kf[4];
+        ldsm_x4<false>(kf, st + krow * P + (((ks * 2 + (ml & 1)) ^ (krow & 7)) * 8));
+        mma16816<T>(acc[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[0], kf[1]);
+        mma16816<T>(acc[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], kf[2], kf[3]);
+      }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
-      const int kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4;
-      if (row0) *reinterpret_cast<float2*>(sc0 + kl) = make_float2(acc[nt][0], acc[nt][1]);
-      if (row1) *reinterpret_cast<float2*>(sc1 + kl) = make_float2(acc[nt][2], acc[nt][3]);
+      for (int nt = 0; nt < 2; ++nt) {  // c0, c1: (g, 2 t4 + {0, 1}); c2, c3: row g + 8
+        const int kl = blk * kBlockN + warp * 16 + nt * 8 + 2 * t4;
+        if (row0) *reinterpret_cast<float2*>(sc0 + kl) = make_float2(acc[nt][0], acc[nt][1]);
+        if (row1) *reinterpret_cast<float2*>(sc1 + kl) = make_float2(acc[nt][2], acc[nt][3]);
+      }
     }
     __syncthreads();  // the stage is read before a later step refills it
   }
@@ -375,27 +416,30 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
     issue(item + NS - 1);
     cp_async_wait<NS - 1>();
     __syncthreads();  // (the first time: the probabilities too)
+    roll_store(item);
     const int blk = nth_visible(item - nvis);
     const T* st = stage + (item % NS) * kBlockN * P;
+    if (vbits >> blk & 1u) {  // (a roll's hidden blocks only move)
 #pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      uint32_t pa[4];  // A fragment of P, rounded to T (zeros past the CTA's rows)
-      const int kl = blk * kBlockN + ks * 16 + 2 * t4;
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        uint32_t pa[4];  // A fragment of P, rounded to T (zeros past the CTA's rows)
+        const int kl = blk * kBlockN + ks * 16 + 2 * t4;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
-        const bool ok = i & 1 ? row1 : row0;
-        const float2 pv = ok ? *reinterpret_cast<const float2*>((i & 1 ? sc1 : sc0) + kl + (i >> 1) * 8)
-                             : make_float2(0.f, 0.f);
-        pa[i] = pack2<T>(pv.x, pv.y);
-      }
-      const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
+        for (int i = 0; i < 4; ++i) {  // a0: (g, k), a1: (g + 8, k), a2: (g, k + 8), a3: (g + 8, k + 8)
+          const bool ok = i & 1 ? row1 : row0;
+          const float2 pv = ok ? *reinterpret_cast<const float2*>((i & 1 ? sc1 : sc0) + kl + (i >> 1) * 8)
+                               : make_float2(0.f, 0.f);
+          pa[i] = pack2<T>(pv.x, pv.y);
+        }
+        const int vrow = ks * 16 + (ml & 1) * 8 + mi;  // matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15)
 #pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        if (D != P && warp * DW + np * 16 >= D) break;  // past the head dim (warp-uniform)
-        uint32_t vf[4];
-        ldsm_x4<true>(vf, st + vrow * P + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
-        mma16816<T>(o[2 * np], pa[0], pa[1], pa[2], pa[3], vf[0], vf[1]);
-        mma16816<T>(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], vf[2], vf[3]);
+        for (int np = 0; np < NT / 2; ++np) {
+          if (D != P && warp * DW + np * 16 >= D) break;  // past the head dim (warp-uniform)
+          uint32_t vf[4];
+          ldsm_x4<true>(vf, st + vrow * P + ((((warp * DW + np * 16) / 8 + (ml >> 1)) ^ (vrow & 7)) * 8));
+          mma16816<T>(o[2 * np], pa[0], pa[1], pa[2], pa[3], vf[0], vf[1]);
+          mma16816<T>(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], vf[2], vf[3]);
+        }
       }
     }
     __syncthreads();
@@ -437,6 +481,25 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 template <typename T, int D, int W>
 __device__ void recompute_row(const Params& p, int64_t row);
 
+// A roll's key rows that the main kernel left in `edge` (the first slot of each split after the first), written
+// into the cache by the combine's CTAs, D / 8 threads a row, once the main kernel is done.
+template <typename T, int D>
+__device__ void write_edges(const Params& p) {
+  constexpr int C = D / 8;  // 16-byte chunks a row
+  const int64_t per = static_cast<int64_t>(p.splits - 1) * p.bhkv, n = 2 * per;
+  if (threadIdx.x >= C) return;
+  for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
+    const bool is_v = e >= per;
+    const int split = static_cast<int>(e % per / p.bhkv) + 1, bh = static_cast<int>(e % p.bhkv);
+    const int b = bh / p.hkv, h = bh % p.hkv;
+    T* row = static_cast<T*>(const_cast<void*>(is_v ? p.v : p.k)) +
+             b * (is_v ? p.vs0 : p.ks0) + h * (is_v ? p.vs1 : p.ks1) +
+             static_cast<int64_t>(split) * p.chunk * (is_v ? p.vs2 : p.ks2);
+    const T* src = static_cast<const T*>(p.edge) + e * D;
+    reinterpret_cast<uint4*>(row)[threadIdx.x] = reinterpret_cast<const uint4*>(src)[threadIdx.x];
+  }
+}
+
 // One block of padded(D) threads per output row (thread t < D writes dim t): rescale each split's partial sums to the common max (a row no key
 // shows above -60000 under a finite mask is computed again here, see recompute_row). The splits' (max, sum)
 // are read in parallel, one per thread; the splits that saw a key are listed in shared memory (in split order)
@@ -449,6 +512,7 @@ __global__ void __launch_bounds__(padded(D)) combine_splits(const Params p) {
   __shared__ float s_red[P / 32], s_w[P], s_l[P];
   __shared__ int s_idx[P], s_cnt[P / 32];
   pdl_wait();  // the main kernel's partial results
+  if (p.edge) write_edges<T, D>(p);
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const float2* ml = p.part_ml + row;  // split s at ml[s * rows_total]
@@ -520,20 +584,26 @@ __device__ void recompute_row(const Params& p, int64_t row) {
   const T* kp = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1 + lane * E;
   const T* vp = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + lane * E;
   const int64_t moff = b * p.ms0 + h * p.ms1 + qi * p.ms2;
+  // a roll's split boundaries: their rows wait in `edge` (another of the combine's CTAs may not have written them)
+  const int64_t per = static_cast<int64_t>(p.splits - 1) * p.bhkv, bh = b * p.hkv + kvh;
+  const T* edge = p.edge ? static_cast<const T*>(p.edge) + bh * D + lane * E : nullptr;
+  const auto at_edge = [&](int j) { return edge != nullptr && j > 0 && j % p.chunk == 0; };
   float qr[E], acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) qr[e] = has ? to_float(qp[e]) * p.scale_log2 : 0.f, acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
   for (int j = warp; j < p.s; j += W) {  // online softmax over this warp's keys
     float sc = 0.f;
+    const T* kr = at_edge(j) ? edge + (j / p.chunk - 1) * p.bhkv * D : kp + j * p.ks2;
 #pragma unroll
-    for (int e = 0; e < E; ++e) sc = has ? fmaf(qr[e], to_float(kp[j * p.ks2 + e]), sc) : sc;
+    for (int e = 0; e < E; ++e) sc = has ? fmaf(qr[e], to_float(kr[e]), sc) : sc;
     sc = capped(p, sum_key_lanes<32>(sc)) + mask_at<T>(p, moff + j * p.ms3);
     if (sc == -INFINITY) continue;
     const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
     l = l * c + w;
+    const T* vr = at_edge(j) ? edge + (per + (j / p.chunk - 1) * p.bhkv) * D : vp + j * p.vs2;
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + (has ? w * to_float(vp[j * p.vs2 + e]) : 0.f);
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + (has ? w * to_float(vr[e]) : 0.f);
     m = mn;
   }
   __shared__ float s_m[W], s_l[W], s_acc[W][padded(D)];
@@ -632,8 +702,14 @@ void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
 
 }  // namespace
 
+void decode_attention_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask) {
+  check_inputs(q, k, v, mask);
+}
+
 at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const std::optional<at::Tensor>& mask, double scale, double softcap) {
+                                const std::optional<at::Tensor>& mask, double scale, double softcap,
+                                const WindowRoll* roll) {
   check_inputs(q, k, v, mask);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty_like(q);  // the fake's layout
@@ -648,8 +724,13 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   // scores and mask rows, 2 x RT x 1 KB). A group of more than 16 rows takes several CTAs, each reading the
   // visible KV blocks (the later ones mostly from L2).
   // One row (MHA decode) has a tile of its own (rt 1: a deeper K/V ring in the shared memory the scores left).
-  const int rt = rows == 1 && d <= 128 && debug::decode_attention_rows() != 4 ? 1 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
+  const bool one_row = rows == 1 && d <= 128 && debug::decode_attention_rows() != 4 && roll == nullptr;
+  const int rt = one_row ? 1 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
   const int zchunks = (rows + rt - 1) / rt;
+  // a roll: each key block read and written back by one CTA (decode_attention_roll.cu checks the rest)
+  TORCH_CHECK(roll == nullptr || (zchunks == 1 && !broadcast), "fusekit: decode_attention_run: a roll needs one CTA "
+              "row per KV head (at most 16 query rows a KV head) and a cache of its own heads: ", describe(q), ", ",
+              describe(k));
   const int64_t blocks_x = B * hkv * zchunks;
   TORCH_CHECK(blocks_x < (int64_t{1} << 31), "fusekit: decode_attention: batch x heads too large: ", describe(q));
 
@@ -700,6 +781,17 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
     hidden = at::empty({p.rows_total}, q.options().dtype(at::kInt));
     p.hidden = hidden.data_ptr<int>();
   }
+  at::Tensor edge;
+  if (roll != nullptr) {
+    const at::Tensor &nk = roll->new_k, &nv = roll->new_v;
+    p.roll = 1, p.bhkv = static_cast<int>(B * hkv);
+    p.new_k = nk.data_ptr(), p.new_v = nv.data_ptr();
+    p.nks0 = nk.stride(0), p.nks1 = nk.stride(1), p.nvs0 = nv.stride(0), p.nvs1 = nv.stride(1);
+    if (splits > 1) {
+      edge = at::empty({2, splits - 1, B * hkv, d}, k.options());
+      p.edge = edge.data_ptr();
+    }
+  }
   if (splits > 1) {
     part_o = at::empty({splits, p.rows_total, d}, q.options().dtype(at::kFloat));
     part_ml = at::empty({splits, p.rows_total, 2}, q.options().dtype(at::kFloat));
@@ -727,7 +819,7 @@ namespace {
 
 at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const std::optional<at::Tensor>& mask, double scale) {
-  return decode_attention_run(q, k, v, mask, scale, 0.0);
+  return decode_attention_run(q, k, v, mask, scale, 0.0, nullptr);
 }
 
 }  // namespace
