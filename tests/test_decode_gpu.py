@@ -513,7 +513,7 @@ def _roll_mask(kind, b, w, dt):
 def test_roll_attention_is_the_rolls_then_the_attention(shape, kind, splits, dt, monkeypatch):
     """The caches moved bit for bit (the split boundaries' rows included), the output within 2x a same-dtype eager
     attention's error of float64 over the moved window, and bit for bit what window_roll then decode_attention
-    give (FUSEKIT_ROLL_ATTENTION=separate)."""
+    give (FUSEKIT_ROLL_ATTENTION=separate) with the same splits (the op's own choice takes fewer with the roll)."""
     if splits:
         monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", splits)
     b, hq, hkv, w, d = shape
@@ -534,7 +534,8 @@ def test_roll_attention_is_the_rolls_then_the_attention(shape, kind, splits, dt,
         assert out[1 % b].abs().amax() > 0  # the hidden row: weighed over every key, not 0
     monkeypatch.setenv("FUSEKIT_ROLL_ATTENTION", "separate")
     out2 = roll_attention(q, k2, v2, nk, nv, mask, 0.0883)
-    assert torch.equal(out, out2) and torch.equal(k2, want_k) and torch.equal(v2, want_v)
+    assert torch.equal(k2, want_k) and torch.equal(v2, want_v)
+    assert torch.equal(out, out2) if splits else (out2.double() - ref64).abs().max().item() <= 2 * err_eager + 1e-6
 
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
