@@ -739,14 +739,15 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   // wave of them, each streaming up to 16 blocks through its deeper ring (as many 1-block splits as the group
   // tiles take measured slower than PyTorch's fused SDPA near a full cache at batch 1).
   const int nb = static_cast<int>((S + kBlockN - 1) / kBlockN);
-  // A roll: ~4 CTAs per SM of at least 2 blocks each where that still gives a CTA per SM (each split after the
+  // A roll: ~4 CTAs per SM of at least 2 blocks each where that still gives a CTA per two SMs (each split after the
   // first costs an edge row, and its CTA writes what it reads). H200, Mistral-style batch 32 (window 1024, 16
   // blocks; the step, CUDA graphs): splits of 1 / 2 / 4 / 8 blocks 0.922 / 0.878 / 0.832 / 0.836 ms; Gemma-3-style
-  // (512, D 256) 1 / 2 blocks 0.749 / 0.744; Gemma-3-style batch 1 in 4 CTAs of 2 blocks: 0.98x the two-pass step.
+  // (512, D 256) 1 / 2 blocks 0.749 / 0.744 (128 CTAs); Gemma-3-style batch 1 in 4 CTAs of 2 blocks: 0.98x the
+  // two-pass step, in 8 of 1 block 1.02x.
   const int64_t target = rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
                                  : (roll ? 4 : 8) * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
-  if (roll && blocks_x * (nb / 2) >= sm_count()) splits = std::min(splits, nb / 2);
+  if (roll && 2 * blocks_x * (nb / 2) >= sm_count()) splits = std::min(splits, nb / 2);
   const int max_blocks = max_chunk(padded(static_cast<int>(d)), rt) / kBlockN;
   if (const int forced = debug::decode_attention_splits()) splits = std::min(forced, nb);
   splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
