@@ -11,10 +11,9 @@ The op mutates its ``cache`` argument (its schema says so: ``Tensor(a!)``); as v
 trailing underscore. Not a table rule: the rewrite removes a mutation of a graph input (the ``copy_``) and puts an
 op that mutates it in place where the gathered buffer was made, which only holds when nothing else reads the cache
 in between.
-Where the layer's decode attention (``fusekit::decode_attention``, or its soft-capped form) reads both rolled caches
-and nothing else does, the two rolls and the attention become ``fusekit::decode_attention_roll``
-(``cache.window_roll_attention``): the attention's CTAs write back each key block they read, one slot down, so the
-window is read once, not twice.
+Where one op reads both rolled caches of a layer and nothing else does, and its rule names an op that rolls them
+while it reads them (``Pattern.rolling_op``: the decode attention's ``fusekit::decode_attention_roll``), the two rolls
+and that op become the rolling one (``cache.window_roll_reader``): the window is read once, not twice.
 The roll's index and the last slot's index are evaluated (constants made of iota/arange/add/fmod/full), so
 any spelling that computes the same permutation matches.
 """
@@ -23,15 +22,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _ext
+from . import _ext, registry, table
 from .ops import LIB
 from .stats import NearMiss, describe
 
 FAMILY = "cache"
 RULE = "cache.window_roll"
 KERNEL = "window_roll"  # csrc/cache/window_roll.cu
-ATTENTION_RULE = "cache.window_roll_attention"
-ATTENTION_KERNEL = "decode_attention_roll"  # csrc/decode/decode_attention_roll.cu
+READER_RULE = "cache.window_roll_reader"
 aten = torch.ops.aten
 _CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
               aten.add.Tensor, aten.add.Scalar, aten.fmod.Scalar, aten.fmod.Tensor, aten.remainder.Scalar,
@@ -54,27 +52,6 @@ def window_roll_ref(cache: Tensor, new: Tensor) -> None:
 
 torch.library.impl("fusekit::window_roll", "CPU")(window_roll_ref)
 
-LIB.define("decode_attention_roll(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor new_k, Tensor new_v, Tensor? mask, "
-           "float scale, float softcap=0.0) -> Tensor")
-
-
-@torch.library.register_fake("fusekit::decode_attention_roll")
-def _fake_attention(q: Tensor, k: Tensor, v: Tensor, new_k: Tensor, new_v: Tensor, mask: Tensor | None,
-                    scale: float, softcap: float = 0.0) -> Tensor:
-    return torch.empty_like(q)  # decode_attention's layout
-
-
-def decode_attention_roll_ref(q: Tensor, k: Tensor, v: Tensor, new_k: Tensor, new_v: Tensor, mask: Tensor | None,
-                              scale: float, softcap: float = 0.0) -> Tensor:
-    """Both caches rolled (window_roll_ref), then the decode attention over them (its CPU implementation)."""
-    window_roll_ref(k, new_k)
-    window_roll_ref(v, new_v)
-    if softcap:
-        return torch.ops.fusekit.decode_attention_softcap(q, k, v, mask, scale, softcap)
-    return torch.ops.fusekit.decode_attention(q, k, v, mask, scale)
-
-
-torch.library.impl("fusekit::decode_attention_roll", "CPU")(decode_attention_roll_ref)
 
 
 def _value(node: object, depth: int = 0) -> Tensor | int | float | None:
@@ -165,9 +142,9 @@ def _why_not(cache: torch.fx.Node, put: torch.fx.Node, gather: torch.fx.Node, co
     return _ext.missing_cuda_kernel(KERNEL, cval.device)
 
 
-def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool, attention: bool = True) -> None:
+def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool, readers: bool = True) -> None:
     """Each full sliding window's roll + last-slot write + copy back as ``fusekit::window_roll`` (in place); with
-    `attention`, a layer's two rolls and the decode attention that reads them as ``fusekit::decode_attention_roll``."""
+    `readers`, a layer's two rolls and the op that reads both caches as that op's rolling form (``rolling_op``)."""
     rolls: dict[torch.fx.Node, torch.fx.Node] = {}  # cache -> its window_roll
     for copy in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
         m = _match(copy)
@@ -188,7 +165,7 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool, attention: bool 
         graph.erase_node(put)
         _erase_dead(graph, gather)
         rolls[cache] = op
-    fused = _fuse_attention(graph, record, rolls, cpu_reference) if attention else set()
+    fused = _fuse_readers(graph, record, rolls, cpu_reference) if readers and rolls else set()
     for op in rolls.values():
         if op not in fused:
             record.sites[RULE] += 1
@@ -196,12 +173,9 @@ def rewrite(graph: torch.fx.Graph, record, cpu_reference: bool, attention: bool 
             record.fused_sites.append((RULE, describe(op)))
 
 
-_ATTENTION_OPS = ("decode_attention", "decode_attention_softcap")
-
-
 def _cache_read(arg: object, rolls: dict) -> tuple[torch.fx.Node | None, list[torch.fx.Node]]:
     """(the rolled cache `arg` reads, the views in between) where `arg` is the cache, or a one-head cache repeated to
-    the query heads (an MQA model's attention): ``expand(cache, [B, H, W, D])``, or repeat_kv's
+    the query heads (an MQA model's): ``expand(cache, [B, H, W, D])``, or repeat_kv's
     ``reshape(expand(unsqueeze(cache, 2), [B, 1, H, W, D]), [B, H, W, D])``; (None, []) elsewhere."""
     if arg in rolls:
         return arg, []
@@ -227,53 +201,57 @@ _VIEW = (aten.reshape.default, aten.view.default)
 _EXPAND, _UNSQUEEZE = (aten.expand.default,), (aten.unsqueeze.default,)
 
 
-def _fuse_attention(graph: torch.fx.Graph, record, rolls: dict, cpu_reference: bool) -> set[torch.fx.Node]:
-    """Each decode attention whose k and v are two caches rolled this step, read by nothing else, with its rolls as
-    one ``fusekit::decode_attention_roll``; -> the window_roll nodes it took."""
+def _rolling_ops() -> dict:
+    """{op the rules emit: the name of its rolling form} (Pattern.rolling_op)."""
+    return {registry.op_overload(p.op): p.rolling_op for p in table.all_patterns() if p.rolling_op}
+
+
+def _fuse_readers(graph: torch.fx.Graph, record, rolls: dict, cpu_reference: bool) -> set[torch.fx.Node]:
+    """Each op with a rolling form whose k and v are two caches rolled this step, read by nothing else, with its
+    rolls as that form; -> the window_roll nodes it took."""
     taken: set[torch.fx.Node] = set()
     order = {n: i for i, n in enumerate(graph.nodes)}
-    targets = {getattr(torch.ops.fusekit, name).default: name for name in _ATTENTION_OPS}
-    for att in [n for n in graph.nodes if n.op == "call_function" and n.target in targets]:
-        (ck, kviews), (cv, vviews) = _cache_read(att.args[1], rolls), _cache_read(att.args[2], rolls)
+    rolling = _rolling_ops()
+    for reader in [n for n in graph.nodes if n.op == "call_function" and n.target in rolling]:
+        (ck, kviews), (cv, vviews) = _cache_read(reader.args[1], rolls), _cache_read(reader.args[2], rolls)
         if ck is None or cv is None:
             continue
-        why = _why_not_fused(att, ck, cv, rolls, kviews + vviews, order, cpu_reference)
+        name = rolling[reader.target]
+        why = _why_not_fused(reader, ck, cv, rolls, kviews + vviews, order, name, cpu_reference)
         if why is not None:
-            record.near_misses.append(NearMiss(ATTENTION_RULE, describe(att), why))
+            record.near_misses.append(NearMiss(READER_RULE, describe(reader), why))
             continue
-        q, _, _, mask, scale = att.args[:5]
-        softcap = att.args[5] if targets[att.target] == "decode_attention_softcap" else 0.0
         rk, rv = rolls[ck], rolls[cv]
-        with graph.inserting_before(att):
-            op = graph.call_function(torch.ops.fusekit.decode_attention_roll.default,
-                                     (q, ck, cv, rk.args[1], rv.args[1], mask, scale, softcap))
-        op.meta["val"] = att.meta.get("val")  # (not the rest: Inductor reads the attention's eager args from it)
-        op.meta["stack_trace"] = att.meta.get("stack_trace")
-        att.replace_all_uses_with(op)
-        graph.erase_node(att)
+        with graph.inserting_before(reader):
+            op = graph.call_function(getattr(torch.ops.fusekit, name).default,
+                                     (reader.args[0], ck, cv, rk.args[1], rv.args[1], *reader.args[3:]))
+        op.meta["val"] = reader.meta.get("val")  # (not the rest: Inductor reads the reader's eager args from it)
+        op.meta["stack_trace"] = reader.meta.get("stack_trace")
+        reader.replace_all_uses_with(op)
+        graph.erase_node(reader)
         for n in (*kviews, *vviews, rk, rv):
             graph.erase_node(n)
         taken |= {rk, rv}
-        record.sites[ATTENTION_RULE] += 1
-        record.nodes_replaced[ATTENTION_RULE] += 7  # each roll's gather, index_put and copy_, the attention
-        record.fused_sites.append((ATTENTION_RULE, describe(op)))
+        record.sites[READER_RULE] += 1
+        record.nodes_replaced[READER_RULE] += 7  # each roll's gather, index_put and copy_, the reader
+        record.fused_sites.append((READER_RULE, describe(op)))
     return taken
 
 
-def _why_not_fused(att: torch.fx.Node, ck: torch.fx.Node, cv: torch.fx.Node, rolls: dict, views: list,
-                   order: dict, cpu_reference: bool) -> str | None:
+def _why_not_fused(reader: torch.fx.Node, ck: torch.fx.Node, cv: torch.fx.Node, rolls: dict, views: list,
+                   order: dict, name: str, cpu_reference: bool) -> str | None:
     if ck is cv:
         return "k and v are one cache"
     for cache in (ck, cv):
-        others = set(cache.users) - {rolls[cache], att, *views}
+        others = set(cache.users) - {rolls[cache], reader, *views}
         if others:
             return f"the cache {cache.name} is read elsewhere in the step ({', '.join(u.name for u in others)})"
-        if order[rolls[cache]] > order[att]:
-            return f"the cache {cache.name} is rolled after the attention reads it"
+        if order[rolls[cache]] > order[reader]:
+            return f"the cache {cache.name} is rolled after {reader.name} reads it"
     dev = ck.meta["val"].device
     if dev.type == "cpu":
         return None if cpu_reference else "device cpu"
-    return _ext.missing_cuda_kernel(ATTENTION_KERNEL, dev)
+    return _ext.missing_cuda_kernel(name, dev)
 
 
 def _as_rows(graph: torch.fx.Graph, new: torch.fx.Node, cache: Tensor) -> torch.fx.Node:

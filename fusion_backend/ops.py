@@ -71,6 +71,11 @@ OPS = {
     "decode_attention_softcap": OpSpec("decode_attention_softcap(Tensor q, Tensor k, Tensor v, Tensor? mask, "
                                        "float scale, float softcap) -> Tensor",
                                        any_strides=True, out_like_first=True, cuda_dtypes=HALF),
+    # either of the two above over a full sliding window that it first moves one slot to the left in place (k and v
+    # change; new_k, new_v [B,Hkv,1,D] into their last slots); softcap 0: none
+    "decode_attention_roll": OpSpec("decode_attention_roll(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor new_k, "
+                                    "Tensor new_v, Tensor? mask, float scale, float softcap=0.0) -> Tensor",
+                                    any_strides=True, out_like_first=True, cuda_dtypes=HALF),
     # the same attention for many query rows (a prompt): grouped KV heads read as they are, no repeat_kv copy
     "gqa_attention": OpSpec("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
                             any_strides=True, out_like_first=True, cuda_dtypes=HALF),
@@ -240,6 +245,11 @@ def _cache_attention_fake(name: str):
 torch.library.register_fake("fusekit::decode_attention")(_cache_attention_fake("decode_attention"))
 torch.library.register_fake("fusekit::decode_attention_softcap")(_cache_attention_fake("decode_attention_softcap"))
 torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa_attention"))
+
+
+@torch.library.register_fake("fusekit::decode_attention_roll")
+def _decode_attention_roll_fake(q, k, v, new_k, new_v, mask, scale, softcap=0.0):
+    return _cache_attention_fake("decode_attention_roll")(q, k, v, mask, scale)
 
 
 @torch.library.register_fake("fusekit::decode_linear")

@@ -109,7 +109,7 @@ class FusekitPass(CustomGraphPass):
                 unpad.restore(graph, padded)
                 absorb_output_casts(graph, record)
                 if self.options.window_roll:
-                    kv_cache.rewrite(graph, record, self.options.cpu_reference, self.options.window_roll_attention)
+                    kv_cache.rewrite(graph, record, self.options.cpu_reference, self.options.window_roll_reader)
                 if self.options.collectives:
                     collectives.rewrite(graph, record, self.options.cpu_reference, self.options.collectives)
                 return

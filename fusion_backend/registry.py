@@ -112,6 +112,10 @@ class Pattern:
     # input (q/k/v projections of one x) finds each further output among that input's users; without this,
     # two outputs of the pattern could bind one projection of the graph.
     exclusive: tuple[str, ...] = ()
+    # The op that does this op's work over two caches (its k and v) that it first moves one slot to the left in
+    # place, a new row into each last slot: a full sliding window's decode step (kv_cache.py fuses the window's two
+    # rolls into it). Its arguments: this op's first three, the two new rows, then this op's others.
+    rolling_op: str | None = None
     fixtures: Fixtures = Fixtures()  # test and benchmark inputs (the pass never reads them)
 
     def on_by_default(self, dtype: torch.dtype, arch: str | None = _ext.REFERENCE_ARCH) -> bool:

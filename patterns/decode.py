@@ -91,6 +91,20 @@ def decode_attention_softcap_ref(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
 decode_attention_softcap_ref.exact_clones = True  # a decode step's clones only (see _eager)
 
 
+def decode_attention_roll_ref(q: Tensor, k: Tensor, v: Tensor, new_k: Tensor, new_v: Tensor, mask: Tensor | None,
+                              scale: float, softcap: float = 0.0) -> Tensor:
+    """The rules' rolling form (kv_cache.py): k and v moved one slot to the left in place, new_k and new_v into their
+    last slots (window_roll's reference), then the attention over them, soft-capped where softcap > 0."""
+    for cache, new in ((k, new_k), (v, new_v)):
+        cache.copy_(torch.cat([cache[:, :, 1:], new.to(cache.dtype)], dim=2))
+    if softcap:
+        return decode_attention_softcap_ref(q, k, v, mask, scale, softcap)
+    return decode_attention_ref(q, k, v, mask, scale)
+
+
+torch.library.impl("fusekit::decode_attention_roll", "CPU")(decode_attention_roll_ref)
+
+
 def _fused(op: str, masked: bool):
     """A fused SDPA op as the composite calls it (defaults dropped by the dispatcher, as in a traced graph)."""
     def cudnn(q, k, v, mask, scale):
@@ -283,7 +297,8 @@ def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pa
                 *((enough_rows("q"),) if kv == "mha" else ())), **kw,
         fixtures=Fixtures(cases=_cases(*heads, kind), baseline=decode_attention_eager,
                           gpu_cases=tuple((*c, kind) for c in GPU_CASES if _kv_kind(*c[1:3]) == kv),
-                          bad_layout=_bad(_cases(*heads, kind)[0]), bad_reason="head dim"))
+                          bad_layout=_bad(_cases(*heads, kind)[0]), bad_reason="head dim"),
+        rolling_op="decode_attention_roll")  # (csrc/decode/decode_attention_roll.cu)
 
 
 PATTERNS = [
@@ -308,7 +323,8 @@ PATTERNS = [
             literals=("scale", "softcap"), guards=(cache_inputs("q", "k", "v", "mask"), short_queries("q")),
             fixtures=Fixtures(cases=_cases(*GQA, "float"), baseline=decode_attention_softcap_ref,
                               gpu_cases=tuple((*c, "float") for c in GPU_CASES if _kv_kind(*c[1:3]) == "grouped"),
-                              bad_layout=_bad(_cases(*GQA, "float")[0]), bad_reason="head dim")),
+                              bad_layout=_bad(_cases(*GQA, "float")[0]), bad_reason="head dim"),
+            rolling_op="decode_attention_roll"),
 ]
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fusion_backend
-from fusion_backend.kv_cache import ATTENTION_RULE, RULE, window_roll_ref
+from fusion_backend.kv_cache import READER_RULE, RULE, window_roll_ref
 
 op = torch.ops.fusekit.window_roll
 
@@ -73,8 +73,8 @@ def test_rewrite_keeps_a_cache_read_elsewhere():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,rolled,batch,disable", [("mistral", 2, 2, None), ("mistral", 2, 1, None),
-                                                        ("mistral", 2, 2, RULE), ("mistral", 2, 2, ATTENTION_RULE),
-                                                        ("gemma3", 2, 2, None), ("gemma3", 2, 1, ATTENTION_RULE),
+                                                        ("mistral", 2, 2, RULE), ("mistral", 2, 2, READER_RULE),
+                                                        ("gemma3", 2, 2, None), ("gemma3", 2, 1, READER_RULE),
                                                         ("gemma2", 1, 2, None)])
 def test_full_sliding_window_step(name, rolled, batch, disable):
     """A decode step of a tiny model whose sliding windows (32 slots) are full: each of the `rolled` layers (of 2)
@@ -104,8 +104,8 @@ def test_full_sliding_window_step(name, rolled, batch, disable):
         rep = fusion_backend.explain(model, tok, past_key_values=cache, cache_position=pos, use_cache=True,
                                      options=options)
     assert not rep.errors, str(rep)
-    assert rep.sites[ATTENTION_RULE] == (0 if disable else rolled), str(rep)
-    assert rep.sites[RULE] == (2 * rolled if disable == ATTENTION_RULE else 0), str(rep)
+    assert rep.sites[READER_RULE] == (0 if disable else rolled), str(rep)
+    assert rep.sites[RULE] == (2 * rolled if disable == READER_RULE else 0), str(rep)
     torch.testing.assert_close(rep.output.logits, want, atol=1e-4, rtol=1e-4)
     for layer, (k, v) in zip(cache.layers, want_rows):
         torch.testing.assert_close(layer.keys, k, atol=1e-5, rtol=1e-5)
@@ -161,7 +161,7 @@ def test_roll_attention_not_fused_where_the_cache_is_read_elsewhere():
     want = step(wk, wv, q, nk, nv)
     gk, gv = k.clone(), v.clone()
     out, rep = _compiled(step, gk, gv, q, nk, nv)
-    assert rep.sites[ATTENTION_RULE] == 0 and rep.sites[RULE] == 2, str(rep)
-    assert any(m.pattern == ATTENTION_RULE for m in rep.near_misses), str(rep)
+    assert rep.sites[READER_RULE] == 0 and rep.sites[RULE] == 2, str(rep)
+    assert any(m.pattern == READER_RULE for m in rep.near_misses), str(rep)
     torch.testing.assert_close(out, want)
     assert torch.equal(gk, wk) and torch.equal(gv, wv)
