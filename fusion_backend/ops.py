@@ -71,11 +71,6 @@ OPS = {
     "decode_attention_softcap": OpSpec("decode_attention_softcap(Tensor q, Tensor k, Tensor v, Tensor? mask, "
                                        "float scale, float softcap) -> Tensor",
                                        any_strides=True, out_like_first=True, cuda_dtypes=HALF),
-    # either of the two above over a full sliding window that it first moves one slot to the left in place (k and v
-    # change; new_k, new_v [B,Hkv,1,D] into their last slots); softcap 0: none
-    "decode_attention_roll": OpSpec("decode_attention_roll(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor new_k, "
-                                    "Tensor new_v, Tensor? mask, float scale, float softcap=0.0) -> Tensor",
-                                    any_strides=True, out_like_first=True, cuda_dtypes=HALF),
     # the same attention for many query rows (a prompt): grouped KV heads read as they are, no repeat_kv copy
     "gqa_attention": OpSpec("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor",
                             any_strides=True, out_like_first=True, cuda_dtypes=HALF),
@@ -245,6 +240,13 @@ def _cache_attention_fake(name: str):
 torch.library.register_fake("fusekit::decode_attention")(_cache_attention_fake("decode_attention"))
 torch.library.register_fake("fusekit::decode_attention_softcap")(_cache_attention_fake("decode_attention_softcap"))
 torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa_attention"))
+
+
+# Not in OPS (the table's ops are functional): the decode attention rules' rolling form (Pattern.rolling_op), either
+# attention above over a full sliding window that it first moves one slot to the left in place (k and v change; new_k,
+# new_v [B,Hkv,1,D] into their last slots; softcap 0: none), put in by kv_cache.py's rewrite, as window_roll is.
+LIB.define("decode_attention_roll(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor new_k, Tensor new_v, Tensor? mask, "
+           "float scale, float softcap=0.0) -> Tensor")
 
 
 @torch.library.register_fake("fusekit::decode_attention_roll")
