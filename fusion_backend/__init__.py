@@ -5,7 +5,7 @@
 """
 from . import ops  # noqa: F401 - defines torch.ops.fusekit.*
 from . import collectives  # noqa: F401 - defines torch.ops.fusekit.all_reduce_one_shot
-from . import kv_cache  # noqa: F401 - defines torch.ops.fusekit.window_roll, decode_attention_roll
+from . import kv_cache  # noqa: F401 - the window-roll rewrite (its ops are defined in ops.py)
 from .backend import backend, fusekit
 from .report import Report, explain, report
 from .verify import FusekitVerificationError

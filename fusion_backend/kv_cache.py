@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _ext, registry, table
-from .ops import LIB
+from .ops import window_roll_ref  # noqa: F401 - the op's reference (tests import it from here)
 from .stats import NearMiss, describe
 
 FAMILY = "cache"
@@ -37,20 +37,6 @@ _CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.sta
               aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _MAX_CONST = 1 << 20  # elements of an index evaluated at compile time
 
-LIB.define("window_roll(Tensor(a!) cache, Tensor new) -> ()")
-
-
-@torch.library.register_fake("fusekit::window_roll")
-def _fake(cache: Tensor, new: Tensor) -> None:
-    return None
-
-
-def window_roll_ref(cache: Tensor, new: Tensor) -> None:
-    """cache [B, H, W, D] one slot to the left, new [B, H, 1, D] in its last slot (in place)."""
-    cache.copy_(torch.cat([cache[:, :, 1:], new.to(cache.dtype)], dim=2))
-
-
-torch.library.impl("fusekit::window_roll", "CPU")(window_roll_ref)
 
 
 

@@ -242,6 +242,24 @@ torch.library.register_fake("fusekit::decode_attention_softcap")(_cache_attentio
 torch.library.register_fake("fusekit::gqa_attention")(_cache_attention_fake("gqa_attention"))
 
 
+# Not in OPS (the table's ops are functional; this one mutates its cache): a full sliding window's step, put in by
+# kv_cache.py's rewrite.
+LIB.define("window_roll(Tensor(a!) cache, Tensor new) -> ()")
+
+
+@torch.library.register_fake("fusekit::window_roll")
+def _window_roll_fake(cache: Tensor, new: Tensor) -> None:
+    return None
+
+
+def window_roll_ref(cache: Tensor, new: Tensor) -> None:
+    """cache [B, H, W, D] one slot to the left, new [B, H, 1, D] in its last slot (in place)."""
+    cache.copy_(torch.cat([cache[:, :, 1:], new.to(cache.dtype)], dim=2))
+
+
+torch.library.impl("fusekit::window_roll", "CPU")(window_roll_ref)
+
+
 # Not in OPS (the table's ops are functional): the decode attention rules' rolling form (Pattern.rolling_op), either
 # attention above over a full sliding window that it first moves one slot to the left in place (k and v change; new_k,
 # new_v [B,Hkv,1,D] into their last slots; softcap 0: none), put in by kv_cache.py's rewrite, as window_roll is.

@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fusion_backend import guards as G
+from fusion_backend.ops import window_roll_ref
 from fusion_backend.registry import FLOATS, Fixtures, InductorSettings, Pattern, rand
 
 aten = torch.ops.aten
@@ -95,8 +96,8 @@ def decode_attention_roll_ref(q: Tensor, k: Tensor, v: Tensor, new_k: Tensor, ne
                               scale: float, softcap: float = 0.0) -> Tensor:
     """The rules' rolling form (kv_cache.py): k and v moved one slot to the left in place, new_k and new_v into their
     last slots (window_roll's reference), then the attention over them, soft-capped where softcap > 0."""
-    for cache, new in ((k, new_k), (v, new_v)):
-        cache.copy_(torch.cat([cache[:, :, 1:], new.to(cache.dtype)], dim=2))
+    window_roll_ref(k, new_k)
+    window_roll_ref(v, new_v)
     if softcap:
         return decode_attention_softcap_ref(q, k, v, mask, scale, softcap)
     return decode_attention_ref(q, k, v, mask, scale)

@@ -112,6 +112,11 @@ struct Params {
 };
 
 
+// Element offset of a roll's parked row in `edge`: K (is_v 0) or V, the first slot of split `split` (>= 1), row bh.
+__device__ __forceinline__ int64_t edge_row(const Params& p, bool is_v, int split, int64_t bh, int D) {
+  return ((static_cast<int64_t>(is_v) * (p.splits - 1) + split - 1) * p.bhkv + bh) * D;
+}
+
 // A raw score (already times scale_log2) soft-capped where the op asks for it, in log2 units.
 __device__ __forceinline__ float capped(const Params& p, float x) {
   return p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.inv_cap_log2) : x;
@@ -322,8 +327,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
       if (key >= p.s) continue;
       const uint4 x = *reinterpret_cast<const uint4*>(st + i * RSTEP * P + sw[i & 1]);
       if (key == key_begin && split > 0) {
-        const int64_t e = (static_cast<int64_t>(is_v) * (p.splits - 1) + split - 1) * p.bhkv + bh;
-        *reinterpret_cast<uint4*>(static_cast<T*>(p.edge) + e * D + ccol * 8) = x;
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.edge) + edge_row(p, is_v, split, bh, D) + ccol * 8) = x;
       } else {
         *reinterpret_cast<uint4*>(dst + i * RSTEP * rs) = x;
       }
@@ -495,7 +499,7 @@ __device__ void write_edges(const Params& p) {
     T* row = static_cast<T*>(const_cast<void*>(is_v ? p.v : p.k)) +
              b * (is_v ? p.vs0 : p.ks0) + h * (is_v ? p.vs1 : p.ks1) +
              static_cast<int64_t>(split) * p.chunk * (is_v ? p.vs2 : p.ks2);
-    const T* src = static_cast<const T*>(p.edge) + e * D;
+    const T* src = static_cast<const T*>(p.edge) + edge_row(p, is_v, split, bh, D);
     reinterpret_cast<uint4*>(row)[threadIdx.x] = reinterpret_cast<const uint4*>(src)[threadIdx.x];
   }
 }
@@ -585,8 +589,8 @@ __device__ void recompute_row(const Params& p, int64_t row) {
   const T* vp = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1 + lane * E;
   const int64_t moff = b * p.ms0 + h * p.ms1 + qi * p.ms2;
   // a roll's split boundaries: their rows wait in `edge` (another of the combine's CTAs may not have written them)
-  const int64_t per = static_cast<int64_t>(p.splits - 1) * p.bhkv, bh = b * p.hkv + kvh;
-  const T* edge = p.edge ? static_cast<const T*>(p.edge) + bh * D + lane * E : nullptr;
+  const int64_t bh = b * p.hkv + kvh;
+  const T* edge = p.edge ? static_cast<const T*>(p.edge) + lane * E : nullptr;
   const auto at_edge = [&](int j) { return edge != nullptr && j > 0 && j % p.chunk == 0; };
   float qr[E], acc[E];
 #pragma unroll
@@ -594,14 +598,14 @@ __device__ void recompute_row(const Params& p, int64_t row) {
   float m = -INFINITY, l = 0.f;
   for (int j = warp; j < p.s; j += W) {  // online softmax over this warp's keys
     float sc = 0.f;
-    const T* kr = at_edge(j) ? edge + (j / p.chunk - 1) * p.bhkv * D : kp + j * p.ks2;
+    const T* kr = at_edge(j) ? edge + edge_row(p, false, j / p.chunk, bh, D) : kp + j * p.ks2;
 #pragma unroll
     for (int e = 0; e < E; ++e) sc = has ? fmaf(qr[e], to_float(kr[e]), sc) : sc;
     sc = capped(p, sum_key_lanes<32>(sc)) + mask_at<T>(p, moff + j * p.ms3);
     if (sc == -INFINITY) continue;
     const float mn = fmaxf(m, sc), c = exp2f(m - mn), w = exp2f(sc - mn);
     l = l * c + w;
-    const T* vr = at_edge(j) ? edge + (per + (j / p.chunk - 1) * p.bhkv) * D : vp + j * p.vs2;
+    const T* vr = at_edge(j) ? edge + edge_row(p, true, j / p.chunk, bh, D) : vp + j * p.vs2;
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = acc[e] * c + (has ? w * to_float(vr[e]) : 0.f);
     m = mn;
@@ -643,8 +647,11 @@ bool aligned16(const at::Tensor& t) {
   return true;
 }
 
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const std::optional<at::Tensor>& mask) {
+}  // namespace
+
+// decode_attention.h: the contract on q, k, v and the mask, shared with decode_attention_roll.cu
+void decode_attention_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask) {
   check_cache_qkv(q, k, v, "decode_attention");
   TORCH_CHECK(q.size(2) > 0 && k.size(2) > 0, "fusekit: decode_attention needs a query and a key; got ",
               describe(q), ", ", describe(k));
@@ -660,6 +667,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          /*float32_ok=*/true);
   }
 }
+
+namespace {
 
 // One-row CTAs that fit the GPU at once (their shared memory decides: the ring's stages and the scores).
 int64_t one_row_wave(int cols, int64_t elem) {
@@ -702,15 +711,10 @@ void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
 
 }  // namespace
 
-void decode_attention_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::optional<at::Tensor>& mask) {
-  check_inputs(q, k, v, mask);
-}
-
 at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::optional<at::Tensor>& mask, double scale, double softcap,
                                 const WindowRoll* roll) {
-  check_inputs(q, k, v, mask);
+  decode_attention_check(q, k, v, mask);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty_like(q);  // the fake's layout
   const int64_t B = q.size(0), hq = q.size(1), lq = q.size(2), d = q.size(3), S = k.size(2);

@@ -306,10 +306,11 @@ def parser() -> argparse.ArgumentParser:
                    "auto = prompt + new, transformers' own (default auto,4096)")
     b.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires "
                    "(options={'enable': [...]}), e.g. decode.mha")
-    b.add_argument("--quant", default=None, choices=("int8-weight-only", "fp8-rowwise"),
+    b.add_argument("--quant", default=None, choices=("int8-weight-only", "int8-dynamic", "fp8-rowwise"),
                    help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
-                        "int8-weight-only: Int8WeightOnlyConfig; fp8-rowwise: Float8DynamicActivationFloat8WeightConfig"
-                        "(granularity=PerRow()), sm_89+")
+                        "int8-weight-only: Int8WeightOnlyConfig; int8-dynamic: Int8DynamicActivationInt8WeightConfig "
+                        "(its linears left to Inductor: no rule takes them yet); fp8-rowwise: "
+                        "Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), sm_89+")
     b.add_argument("--tp", default=None, help="comma-separated tensor-parallel sizes (transformers' "
                    "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
                    "batch, decode steps (GPU default batches 1,32, position 1024) and a prefill (--batch x --seq, "

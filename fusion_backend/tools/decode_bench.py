@@ -63,7 +63,8 @@ def cache_restorer(cache: Any) -> Callable[[], None]:
 
 
 # torchao configurations `--quant` names (torchao is optional: fusekit[quant])
-QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig"}
+QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "int8-dynamic": "Int8DynamicActivationInt8WeightConfig",
+         "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig"}
 
 
 def quantize(model: Any, quant: str) -> None:
