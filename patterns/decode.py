@@ -57,8 +57,9 @@ def repeat_kv(x: Tensor, n: int) -> Tensor:
 
 @torch.fx.wrap  # a leaf for fx.symbolic_trace: the group size comes from shapes, known only when traced with tensors
 def repeat_for(x: Tensor, q: Tensor) -> Tensor:
-    """x's KV heads repeated to q's query heads."""
-    return repeat_kv(x, q.shape[1] // x.shape[1])
+    """x's KV heads repeated to q's query heads; one KV head stays as it is: SDPA and matmul broadcast it themselves
+    (Falcon-7B's multi-query attention, traced so by the decode.mqa_sdpa rules)."""
+    return x if x.shape[1] == 1 else repeat_kv(x, q.shape[1] // x.shape[1])
 
 
 def decode_attention_ref(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -229,15 +230,27 @@ def broadcast_kv_heads(q: str, k: str, v: str) -> G.Guard:
     return G.Guard(f"broadcast_kv_heads({k}, {v})", check, quiet=True)
 
 
+def kv_heads(q: str, k: str, one: bool) -> G.Guard:
+    """Can fire (quietly: the other rule of the same chain takes the site): k has one head and q more (one=True: SDPA
+    broadcasts it), or as many heads as q (one=False: MHA)."""
+    def check(s: G.Site) -> str | None:
+        hq, hk = s.tensor(q).shape[1], s.tensor(k).shape[1]
+        if one and known(hk == 1) and known(hq > 1) or not one and known(hk == hq):
+            return None
+        return f"{k} has {hk} heads for {q}'s {hq}"
+
+    return G.Guard(f"kv_heads({k}, {'one' if one else 'as many as ' + q})", check, quiet=True)
+
+
 # ---- test inputs -----------------------------------------------------------------------------------
 # case = (B, Hq, Hkv, Lq, S, D, mask: "float" [B,1,Lq,S] | "bool" [B,1,Lq,S] | "none"); Hkv = 0: one KV head
-# broadcast to the Hq query heads (stride 0), as repeat_kv leaves an MQA cache
+# broadcast to the Hq query heads (stride 0), as repeat_kv leaves an MQA cache; Hkv = -1: one KV head as it is
 def _qkv(case, dt, dev):
     b, hq, hkv, lq, s, d, _ = case
     q = rand((b, lq, hq, d), dt, dev).transpose(1, 2)  # heads split from [B, L, H*D], as in HF models
     if hkv == 0:
         return q, rand((b, 1, s, d), dt, dev).expand(b, hq, s, d), rand((b, 1, s, d), dt, dev).expand(b, hq, s, d)
-    return q, rand((b, hkv, s, d), dt, dev), rand((b, hkv, s, d), dt, dev)
+    return q, rand((b, max(hkv, 1), s, d), dt, dev), rand((b, max(hkv, 1), s, d), dt, dev)
 
 
 def _keep(case, dev):
@@ -269,7 +282,8 @@ def _cases(hq, hkv, kind):
             (2, hq, hkv, 1, 40, 96, kind))  # a padded head dim: matched and computed on CPU
 
 
-GQA, MHA, MQA = (4, 2), (4, 4), (4, 0)  # (Hq, Hkv) of the CPU cases; MQA: one KV head broadcast (see _qkv)
+# (Hq, Hkv) of the CPU cases; MQA: one KV head broadcast (see _qkv); MQA_SDPA: one KV head as it is, SDPA broadcasts it
+GQA, MHA, MQA, MQA_SDPA = (4, 2), (4, 4), (4, 0), (4, -1)
 # (B, Hq, Hkv, Lq, S, D): awkward cache lengths, one slot, several rows, MQA, every head dim, batch 64
 GPU_CASES = ((1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 257, 64), (32, 4, 4, 16, 129, 256),
              (64, 16, 4, 1, 520, 128), (1, 12, 2, 1, 1, 64), (5, 28, 4, 2, 3000, 128), (16, 8, 8, 1, 64, 256),
@@ -280,24 +294,30 @@ GPU_CASES = ((1, 32, 8, 1, 4096, 128), (4, 16, 4, 1, 1000, 128), (2, 8, 1, 4, 25
 
 
 def _kv_kind(hq: int, hkv: int) -> str:
-    return "broadcast" if hkv == 0 else "mha" if hq == hkv else "grouped"
+    return "broadcast" if hkv == 0 else "sdpa" if hkv == -1 else "mha" if hq == hkv else "grouped"
 
 
 def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pattern:
     masked = kind != "none"
     kv = _kv_kind(*heads)
+    heads_guard = {"broadcast": (broadcast_kv_heads("q", "k", "v"),), "sdpa": (kv_heads("q", "k", one=True),),
+                   "mha": (kv_heads("q", "k", one=False),)}.get(kv, ())
     return Pattern(
         f"decode.{what}", reference=decode_attention_ref, op="decode_attention", inputs=_inputs, dtypes=FLOATS,
         # the broadcast cache reaches SDPA as [B, Hq, S, D]: the MHA chain, told apart by k's strides
-        trace="inductor", trace_case=(2, *(MHA if kv == "broadcast" else heads), 1, 6, 8, kind), literals=("scale",),
+        # one KV head SDPA broadcasts: traced at batch 1, where its batched matmuls' copies are views (the forms add
+        # the clones a batch of more sequences has)
+        trace="inductor", trace_case=(1 if kv == "sdpa" else 2, *(MHA if kv == "broadcast" else heads), 1, 6, 8, kind),
+        literals=("scale",),
         graph_forms=_forms(masked) if forms else (),
         # eager attention of a broadcast KV head copies it before its matmul (a clone the trace here lacks): not matched
         variants=(_eager(masked),) if forms and kv != "broadcast" else (),
-        guards=(*((broadcast_kv_heads("q", "k", "v"),) if kv == "broadcast" else ()),
-                cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
+        guards=(*heads_guard, cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
                 *((enough_rows("q"),) if kv == "mha" else ())), **kw,
         fixtures=Fixtures(cases=_cases(*heads, kind), baseline=decode_attention_eager,
-                          gpu_cases=tuple((*c, kind) for c in GPU_CASES if _kv_kind(*c[1:3]) == kv),
+                          # one KV head as it is: the MQA cases' shapes
+                          gpu_cases=tuple((c[0], c[1], -1 if kv == "sdpa" else c[2], *c[3:], kind) for c in GPU_CASES
+                                          if _kv_kind(*c[1:3]) == ("broadcast" if kv == "sdpa" else kv)),
                           bad_layout=_bad(_cases(*heads, kind)[0]), bad_reason="head dim"),
         rolling_op="decode_attention_roll")  # (csrc/decode/decode_attention_roll.cu)
 
@@ -306,11 +326,16 @@ PATTERNS = [
     _rule("gqa_bool_mask", GQA, "bool", forms=False),   # math decomposition with a bool mask
     _rule("gqa", GQA, "float", forms=True),             # additive mask: math, cuDNN, efficient, CPU flash, eager
     _rule("gqa_no_mask", GQA, "none", forms=True, static={"mask": None}),
-    # One KV head (MQA: Gemma, Falcon-7B, ...): repeat_kv leaves a view with stride 0 along the heads, so SDPA gets
+    # One KV head (MQA: Gemma, Gemma-3, ...): repeat_kv leaves a view with stride 0 along the heads, so SDPA gets
     # the MHA chain; the op reads the head once for every query head instead of once per head.
     _rule("mqa_bool_mask", MQA, "bool", forms=False),
     _rule("mqa", MQA, "float", forms=True),
     _rule("mqa_no_mask", MQA, "none", forms=True, static={"mask": None}),
+    # One KV head that SDPA broadcasts itself (Falcon-7B): its math decomposition, the only one that takes unequal
+    # heads, copies the head for every query head before each batched matmul; the op reads it once for the group.
+    # (A decode step against a static cache always has a mask: no rule for none, whose forms every compile would pay.)
+    _rule("mqa_sdpa_bool_mask", MQA_SDPA, "bool", forms=False),
+    _rule("mqa_sdpa", MQA_SDPA, "float", forms=False),
     # Without grouped heads the kernel's only gain is the blocks the mask hides: near a full cache it measured
     # slower than the fused SDPA Inductor calls (GPT-2, H100, per step: b32/b64 at position 1000 of 1024 0.96x /
     # 0.95x, 1.17-1.62x at 128 and 512), and a compiled step serves every position, so on CUDA these fire only

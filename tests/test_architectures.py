@@ -48,11 +48,12 @@ ARCHS = {
                  {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=256, intermediate_size=512,
                                                               num_attention_heads=4), {"decode.mha": 1}),
-    # Falcon-7B style: one KV head, which transformers expands into a copy per query head (so the MHA rule), parallel
-    # attention and MLP, no biases. (ALiBi Falcon fails in transformers' own eager forward with a StaticCache.)
+    # Falcon-7B style: one KV head that SDPA broadcasts to the query heads itself (its math decomposition copies it per
+    # head), parallel attention and MLP, no biases. (ALiBi Falcon fails in transformers' own eager forward with a
+    # StaticCache.)
     "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=256, num_attention_heads=4, multi_query=True,
                                                          new_decoder_architecture=False, parallel_attn=True,
-                                                         alibi=False, bias=False), {"decode.mha_bool_mask": 1}),
+                                                         alibi=False, bias=False), {"decode.mqa_sdpa_bool_mask": 1}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256),
              {"decode.mha": 1, "elementwise.gelu_tanh": 1}),
 }
@@ -68,18 +69,18 @@ def _model(name):
     return cfg, getattr(transformers, model_cls)(cfg).eval()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(ARCHS))
-def test_decode_step_rules_fire_at_every_layer(name):
+def _step(name, device, dtype=torch.float32, batch=2, options=None, inductor=True):
+    """(fusekit's report, eager's logits, Inductor's logits or None) of one decode step at position 40 of a 64-slot
+    cache of random rows."""
     from transformers import StaticCache
 
     cfg, model = _model(name)
-    expected = ARCHS[name][3]
+    model = model.to(device, dtype)
     cache = StaticCache(config=cfg, max_cache_len=64)
-    tok = torch.randint(3, 512, (2, 1))
-    pos = torch.tensor([40])
+    tok = torch.randint(3, 512, (batch, 1), device=device)
+    pos = torch.tensor([40], device=device)
     with torch.no_grad():
-        model(tok, past_key_values=cache, cache_position=torch.tensor([0]), use_cache=True)  # allocates the cache
+        model(tok, past_key_values=cache, cache_position=torch.tensor([0], device=device), use_cache=True)  # allocates it
         for layer in getattr(cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
             for t in (layer.keys, layer.values):
                 t.normal_(0, 0.5)
@@ -87,8 +88,39 @@ def test_decode_step_rules_fire_at_every_layer(name):
         want = model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
         restore()
         rep = fusion_backend.explain(model, tok, past_key_values=cache, cache_position=pos, use_cache=True,
-                                     options={"cpu_reference": True})
+                                     options=options)
+        if not inductor:
+            return rep, want, None
+        restore()
+        torch._dynamo.reset()
+        return rep, want, torch.compile(model)(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_decode_step_attention_rule_fires_on_cuda(name):
+    """The same step in bf16 on the GPU: the family's decode attention rule fires at every layer where it is on by
+    default on CUDA (MHA rules only when named), and the logits are within 2x Inductor's distance from eager."""
+    from fusion_backend import table
+
+    rep, want, inductor = _step(name, "cuda", torch.bfloat16, batch=4)
     assert not rep.errors, str(rep)
-    for rule, per_layer in expected.items():
+    rules = {p.id: p for p in table.all_patterns()}
+    for rule, per_layer in ARCHS[name][3].items():
+        if rule.startswith("decode."):
+            on = rules[rule].on_by_default(torch.bfloat16)
+            assert rep.sites[rule] == (per_layer * LAYERS if on else 0), f"{name}: {rule}\n{rep}"
+    err = (rep.output.logits.float() - want.float()).abs().max().item()
+    err_inductor = (inductor.float() - want.float()).abs().max().item()
+    assert err <= 2 * err_inductor + 2e-2, (err, err_inductor)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_decode_step_rules_fire_at_every_layer(name):
+    rep, want, _ = _step(name, "cpu", options={"cpu_reference": True}, inductor=False)
+    assert not rep.errors, str(rep)
+    for rule, per_layer in ARCHS[name][3].items():
         assert rep.sites[rule] == per_layer * LAYERS, f"{name}: {rule}\n{rep}"
     torch.testing.assert_close(rep.output.logits, want, atol=1e-4, rtol=1e-4)
