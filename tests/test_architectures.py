@@ -35,7 +35,8 @@ ARCHS = {
                 {"decode.gqa": 1, "decode_gemm.qkv": 1}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_LLAMA, num_key_value_heads=1),  # MQA, GeGLU
               {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA, sliding_window=32),  # eager, soft-capped scores
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA, sliding_window=32, attn_implementation="eager"),
+               # soft-capped scores: eager attention (transformers 5.17 builds Gemma-2 with SDPA, which does not cap)
                {"decode.gqa_softcap": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA, num_key_value_heads=1, sliding_window=32),
                {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
