@@ -53,6 +53,7 @@ MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear
 # q 1.26x, gate 1.05x, down 1.57x); the mma.sync kernels at 64 were 0.55-1.13x.
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
+WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weight)
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none",
@@ -279,15 +280,20 @@ def few_rows(x: str, rule: str) -> G.Guard:
     return G.Guard(f"few_rows({x})", check, policy=True)
 
 
-def narrow_weight(w: str) -> G.Guard:
-    """Policy: a one-weight linear with no activation to fuse fires only where N <= MAX_PLAIN_N. Wider weights
-    (a fused q/k/v, an LM head) measured slower than cuBLAS (H200, op alone, cold weights: GPT-NeoX's
-    query_key_value N=6144 0.90-0.92x at 8-64 rows, LM heads N=32000 / 50304 0.86-0.96x at 8-64 rows but 1.01-1.02x
-    at 8-16 for 50304), narrow ones faster (N=2048: 1.00-1.26x at 1-64 rows)."""
+def narrow_weight(x: str, w: str) -> G.Guard:
+    """Policy: a one-weight linear with no activation to fuse fires only where N <= MAX_PLAIN_N, or at one row of
+    K >= WIDE_ONE_ROW_K where the TMA kernel runs. Wider weights (a fused q/k/v, an LM head) measured slower than cuBLAS
+    at 8-64 rows (H200, op alone, cold weights: GPT-NeoX's query_key_value N=6144 0.90-0.92x, LM heads N=32000 / 50304
+    0.86-0.96x but 1.01-1.02x at 8-16 for 50304), narrow ones faster (N=2048: 1.00-1.26x at 1-64 rows). At one row
+    with K = 4544 (Falcon-7B widths, 8 layers; H200, CUDA graphs, position 512 of 2048, two calls) naming the rule
+    for its N = 4544-65024 linears took the step from 1.314 to 1.211 ms."""
     def check(s: G.Site) -> str | None:
-        n = s.tensor(w).shape[0]
-        return None if known(n <= MAX_PLAIN_N) else \
-            f"N={n} (> {MAX_PLAIN_N}): a wide linear with no epilogue measured slower than cuBLAS"
+        n, k = s.tensor(w).shape
+        if known(n <= MAX_PLAIN_N):
+            return None
+        if known(_rows(s.tensor(x)) == 1) and known(k >= WIDE_ONE_ROW_K) and has_tma_kernel(s.kernel_arch()):
+            return None
+        return f"N={n} (> {MAX_PLAIN_N}): a wide linear with no epilogue measured slower than cuBLAS"
 
     return G.Guard(f"narrow_weight({w})", check, policy=True)
 
@@ -365,7 +371,7 @@ def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "s
         guards=(G.same_dtype("x", *weights, *(("b",) if bias else ())), weight_operands("x", *weights, halves=halves),
                 *((splits_in_halves("w"),) if halves else ()), *((vectors("w", "b"),) if bias else ()),
                 few_rows("x", "gate_up_silu" if gated else "linear"),
-                *((narrow_weight("w"),) if not gated and static["act"] == "none" else ())),
+                *((narrow_weight("x", "w"),) if not gated and static["act"] == "none" else ())),
         fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
                           gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case),
                           bad_reason="multiples of 8"),
