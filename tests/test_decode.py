@@ -191,3 +191,21 @@ def test_decode_bench_run_records_the_step_rules_near_misses():
     assert isinstance(fk["near_misses"], list)
     assert all(g["pattern"].split(".")[0] in decode_bench.STEP_FAMILIES for g in fk["near_misses"]), fk["near_misses"]
     assert res["positions"]["40"]["fusekit"] > 0
+
+
+def test_decode_bench_goes_on_past_a_step_the_model_cannot_run(tmp_path, monkeypatch):
+    """A step that fails in the model itself (torchao's int8 eager path at fewer than 17 rows on CUDA) is reported and
+    skipped; the other batches are still timed and written."""
+    real = decode_bench.run_model
+
+    def run_model(name, batch, *a, **k):
+        if batch == 1:
+            raise RuntimeError("self.size(0) needs to be greater than 16, but got 1")
+        return real(name, batch, *a, **k)
+
+    monkeypatch.setattr(decode_bench, "run_model", run_model)
+    results = decode_bench.bench(["llama"], tmp_path, None, (1, 2), (8,), generate=False)
+    assert [r["batch"] for r in results] == [2]
+    md = (tmp_path / "decode.md").read_text()
+    assert "Not run (the model itself failed the step): llama batch 1: RuntimeError: self.size(0)" in md, md
+    assert "| llama | 2 | 8/64 |" in md

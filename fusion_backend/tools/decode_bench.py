@@ -429,6 +429,8 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
                          f"{f(row.get('fusekit+graph'))} | {f(row.get('speedup'), '{:.2f}x')} | "
                          f"{f(row.get('speedup+graph'), '{:.2f}x')} | {f(row.get('floor_ms'))} | "
                          f"{f(row.get('floor_frac'), '{:.0%}')} | {sites} |")
+    if env.get("skipped"):
+        lines += ["", "Not run (the model itself failed the step): " + "; ".join(env["skipped"]) + "."]
     lines += ["", "Compile: the first call of each backend, compiled one after the other, Inductor first; kernels it compiles land in the "
               "on-disk kernel cache, where fusekit's compile finds the ones it shares, so this ratio favours fusekit "
               "(`benchmarks/bench_compile.py` times both with warm kernels).", "",
@@ -515,8 +517,14 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
     for i, name in enumerate(names, 1):
         for b in batches:
             print(f"[{i}/{len(names)} {time.time() - t0:5.0f}s] {name} batch {b}", flush=True)
-            results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True),
-                                     enable=enable, quant=quant))
+            try:
+                results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True),
+                                         enable=enable, quant=quant))
+            except RuntimeError as e:  # the model itself cannot run this step (torchao's int8 eager path below 17 rows)
+                msg = str(e).splitlines()[0][:160]
+                print(f"    skipped: {type(e).__name__}: {msg}", flush=True)
+                env.setdefault("skipped", []).append(f"{name} batch {b}: {type(e).__name__}: {msg}")
+                torch._dynamo.reset()
             save()
     if generate if generate is not None else not cpu:
         # the cache transformers sizes to the run, and (GPU) the bench's serving-sized one
