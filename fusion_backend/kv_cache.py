@@ -38,8 +38,6 @@ _CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.sta
 _MAX_CONST = 1 << 20  # elements of an index evaluated at compile time
 
 
-
-
 def _value(node: object, depth: int = 0) -> Tensor | int | float | None:
     """A compile-time constant's value (on the CPU), or None where `node` depends on an input."""
     if not isinstance(node, torch.fx.Node):
