@@ -14,7 +14,7 @@
 #              replaces the arguments after pytest's -q, e.g. TESTS_ARGS="tests/test_decode_gpu.py"
 #   bench      fusekit bench --phase decode --models llama --batches 1,32 --positions 1024 --no-generate
 #              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/). Every architecture:
-#              BENCH_ARGS="--models llama,qwen2,qwen3,mistral,gemma,gemma3,phi3,olmo2,granite,stablelm,gpt_neox,mixtral
+#              BENCH_ARGS="--models llama,qwen2,qwen3,mistral,gemma,gemma3,phi3,olmo2,granite,stablelm,gpt_neox,falcon,mixtral
 #              --batches 1,32 --positions 1024 --no-generate"
 #   e2e        fusekit bench --phase prefill (whole models; $OUT/e2e/)
 #   patterns   benchmarks/bench_patterns.py      ($OUT/patterns/; PATTERNS_ARGS adds arguments)

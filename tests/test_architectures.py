@@ -57,6 +57,45 @@ ARCHS = {
                                                          alibi=False, bias=False), {"decode.mqa_sdpa_bool_mask": 1}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256),
              {"decode.mha": 1, "elementwise.gelu_tanh": 1}),
+    # StarCoder-1 / SantaCoder: one KV head in a fused c_attn, expanded by the model (so the MQA rule)
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(n_embd=256, n_head=4, n_layer=LAYERS,
+                                                                      n_positions=256, multi_query=True),
+                    {"decode.mqa": 1, "decode_gemm.linear_bias_gelu_tanh": 1}),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(_LLAMA, head_dim=None),  # biases, GELU MLP
+                   {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.linear_bias_gelu_tanh": 1}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(_LLAMA, head_dim=None),  # some layers without rotary
+                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "glm": ("GlmConfig", "GlmForCausalLM", _LLAMA,  # q/k/v bias, fused gate_up_proj
+            {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu_halves": 1}),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", _LLAMA,
+                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "helium": ("HeliumConfig", "HeliumForCausalLM", _LLAMA,
+               {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", _LLAMA,  # squared-ReLU MLP, LayerNorm1p
+                 {"decode.gqa": 1, "decode_gemm.qkv": 1}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(_LLAMA, head_dim=None, num_experts=4,
+                                                                num_experts_per_tok=2, moe_intermediate_size=128,
+                                                                shared_expert_intermediate_size=256),
+                  {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu_2d": 1}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(_LLAMA, head_dim=None, num_experts=4, num_experts_per_tok=2),
+              {"decode.gqa": 1, "decode_gemm.qkv": 1}),
+    # MHA families (their decode rules are opt-in on CUDA)
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),
+             {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4),
+            {"decode.mha": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.linear_bias_gelu_tanh": 1}),  # Phi-2: parallel
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256,
+                                                   rotary_dim=32), {"decode.mha": 1, "decode_gemm.qkv": 1}),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=256, ffn_dim=512, num_attention_heads=4,
+                                                word_embed_proj_dim=256), {"decode.mha": 1, "decode_gemm.qkv_bias": 1}),
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(hidden_size=256, intermediate_size=512,
+                                                                  num_attention_heads=4), {"decode.mha": 1}),
+    # DeepSeek-V3's multi-head latent attention, decompressed per head in transformers' forward
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                         q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=64,
+                         first_k_dense_replace=1), {"decode.mha": 1}),
 }
 
 
