@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from . import _ext, registry, table
-from .ops import window_roll_ref  # noqa: F401 - the op's reference (tests import it from here)
 from .stats import NearMiss, describe
 
 FAMILY = "cache"

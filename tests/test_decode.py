@@ -196,14 +196,14 @@ def test_decode_bench_run_records_the_step_rules_near_misses():
 def test_decode_bench_goes_on_past_a_step_the_model_cannot_run(tmp_path, monkeypatch):
     """A step that fails in the model itself (torchao's int8 eager path at fewer than 17 rows on CUDA) is reported and
     skipped; the other batches are still timed and written."""
-    real = decode_bench.run_model
+    real = decode_bench.Step.__call__
 
-    def run_model(name, batch, *a, **k):
-        if batch == 1:
+    def call(self, fn):
+        if self.token.shape[0] == 1:
             raise RuntimeError("self.size(0) needs to be greater than 16, but got 1")
-        return real(name, batch, *a, **k)
+        return real(self, fn)
 
-    monkeypatch.setattr(decode_bench, "run_model", run_model)
+    monkeypatch.setattr(decode_bench.Step, "__call__", call)
     results = decode_bench.bench(["llama"], tmp_path, None, (1, 2), (8,), generate=False)
     assert [r["batch"] for r in results] == [2]
     md = (tmp_path / "decode.md").read_text()

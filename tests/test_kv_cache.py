@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import fusion_backend
-from fusion_backend.kv_cache import READER_RULE, RULE, window_roll_ref
+from fusion_backend.kv_cache import READER_RULE, RULE
+from fusion_backend.ops import window_roll_ref
 
 op = torch.ops.fusekit.window_roll
 

@@ -83,6 +83,10 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+class ModelCannotRun(Exception):
+    """The model's own eager step failed (not a backend's compile): e.g. torchao's int8 eager path below 17 rows."""
+
+
 class Step:
     """One decode step of `name` at batch `batch` against a StaticCache of `cache_len` slots."""
 
@@ -107,7 +111,10 @@ class Step:
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.position = 0
         with torch.no_grad():
-            self(self.model)  # allocates the cache layers
+            try:
+                self(self.model)  # allocates the cache layers
+            except RuntimeError as e:
+                raise ModelCannotRun(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from e
             for layer in getattr(self.cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
                 for t in (layer.keys, layer.values):
                     t.normal_(0, 0.5)
@@ -520,10 +527,9 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
             try:
                 results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True),
                                          enable=enable, quant=quant))
-            except RuntimeError as e:  # the model itself cannot run this step (torchao's int8 eager path below 17 rows)
-                msg = str(e).splitlines()[0][:160]
-                print(f"    skipped: {type(e).__name__}: {msg}", flush=True)
-                env.setdefault("skipped", []).append(f"{name} batch {b}: {type(e).__name__}: {msg}")
+            except ModelCannotRun as e:  # a backend's failure is not caught: only the model's own eager step
+                print(f"    skipped: {e}", flush=True)
+                env.setdefault("skipped", []).append(f"{name} batch {b}: {e}")
                 torch._dynamo.reset()
             save()
     if generate if generate is not None else not cpu:
