@@ -46,11 +46,20 @@ inline DecodeFp8Override decode_fp8_override() {
   return o;
 }
 
-// FUSEKIT_DECODE_ATTN_ROWS: "4" runs decode_attention's one-row CTAs (MHA decode, head dims <= 128) in the
-// 4-row tile with its two-stage ring (decode/decode_attention.cu); 0 (unset or anything else): the one-row tile.
+// FUSEKIT_DECODE_ATTN_ROWS: decode_attention's one-row CTAs (MHA decode, head dims <= 128; decode/decode_attention.cu)
+// in another tile: "4" the 4-row tile with its two-stage ring, "1" the tensor-core one-row tile (what builds
+// without sm_90 run); 0 (unset or anything else): the default, the streaming one-row tile where it applies.
 inline int decode_attention_rows() {
   const char* e = std::getenv("FUSEKIT_DECODE_ATTN_ROWS");
-  return e != nullptr && std::strcmp(e, "4") == 0 ? 4 : 0;
+  return e != nullptr && (std::strcmp(e, "4") == 0 || std::strcmp(e, "1") == 0) ? e[0] - '0' : 0;
+}
+
+// FUSEKIT_DECODE_ATTN_STAGES: N in 1..6 stages of the streaming one-row tile's K/V ring (decode_attention);
+// 0 (unset or anything else): its own choice.
+inline int decode_attention_stages() {
+  const char* e = std::getenv("FUSEKIT_DECODE_ATTN_STAGES");
+  const int n = e == nullptr ? 0 : std::atoi(e);
+  return n >= 1 && n <= 6 ? n : 0;
 }
 
 // FUSEKIT_WINDOW_ROLL_PIECE: N > 0 16-byte chunks of each row per window_roll CTA (cache/window_roll.cu; N must

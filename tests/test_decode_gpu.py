@@ -166,11 +166,13 @@ def test_repeatable_and_replayable_in_a_cuda_graph(shape):
                                    (2, 32, 32, 1, 1000, 96), (4, 8, 8, 1, 40, 80), (1, 4, 4, 1, 70001, 112)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_one_row_tile(shape, monkeypatch):
-    """MHA decode (one query row per KV head) runs in a one-row tile with a deeper K/V ring and longer splits. With
-    the splits forced equal (FUSEKIT_DECODE_ATTN_SPLITS) it computes what the 4-row tile computes for that row
-    (FUSEKIT_DECODE_ATTN_ROWS=4) bit for bit; with its own splits, and with splits of 1 and 16 blocks, it is within
-    2x eager's error of a float64 reference. Masks that hide blocks, the cache's partial last block, one split (40
-    keys, with a row a finite mask hides entirely), many splits."""
+    """MHA decode (one query row per KV head) runs in a one-row tile: on sm_90 builds the streaming tile (bulk copies
+    of whole K/V blocks, CUDA cores), elsewhere (and with FUSEKIT_DECODE_ATTN_ROWS=1) the tensor-core one with a
+    deeper ring. With the splits forced equal (FUSEKIT_DECODE_ATTN_SPLITS) the tensor-core tile computes what the
+    4-row tile (FUSEKIT_DECODE_ATTN_ROWS=4) computes for that row bit for bit; the default tile, with its own splits,
+    splits of 1 and 16 blocks and rings of 1, 2 and 6 stages, and a cache whose rows are not contiguous (another
+    tile then), is within 2x eager's error of a float64 reference. Masks that hide blocks, the cache's partial last
+    block, one split (40 keys, with a row a finite mask hides entirely), many splits."""
     b, hq, hkv, lq, s, d = shape
     q, k, v = _qkv(b, hq, hkv, lq, s, d, torch.bfloat16)
     keep = _mask("padded", b, lq, s, min(1000, s - 1)).clone()
@@ -178,8 +180,10 @@ def test_one_row_tile(shape, monkeypatch):
         keep[0, :, 0, :] = False
     masks = [keep, None, torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(~keep, -65536.0)]
     nb = (s + 63) // 64
+    wide = torch.randn(b, hkv, s, d + 8, device="cuda", dtype=torch.bfloat16)  # rows d + 8 apart
     for mask in masks:
         monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", str((nb + 7) // 8))  # 8 blocks: both tiles take it
+        monkeypatch.setenv("FUSEKIT_DECODE_ATTN_ROWS", "1")
         one = op(q, k, v, mask, 0.0883)
         monkeypatch.setenv("FUSEKIT_DECODE_ATTN_ROWS", "4")
         four = op(q, k, v, mask, 0.0883)
@@ -188,6 +192,12 @@ def test_one_row_tile(shape, monkeypatch):
         for splits in ("0", str(nb), str((nb + 15) // 16)):
             monkeypatch.setenv("FUSEKIT_DECODE_ATTN_SPLITS", splits)
             _check(q, k, v, mask)
+        monkeypatch.delenv("FUSEKIT_DECODE_ATTN_SPLITS")
+        for stages in ("1", "2", "6"):
+            monkeypatch.setenv("FUSEKIT_DECODE_ATTN_STAGES", stages)
+            _check(q, k, v, mask)
+        monkeypatch.delenv("FUSEKIT_DECODE_ATTN_STAGES")
+        _check(q, wide[..., :d], wide[..., 8:], mask)
 
 
 @pytest.mark.parametrize("which", ["decode_attention", "decode_linear", "decode_qkv"])

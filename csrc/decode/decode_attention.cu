@@ -65,6 +65,7 @@
 #include "debug_overrides.h"
 #include "dtype_dispatch.cuh"
 #include "launch.cuh"          // sm_count, opt_in_smem, binary_version, launch_ex
+#include "mbarrier.cuh"        // mbar_*, bulk_load (the streaming one-row tile)
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -482,6 +483,211 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
   }
 }
 
+// ---- the streaming one-row tile (sm_90+) ----
+// One query row per KV head (MHA decode) has no group to share a key with: tensor cores do 1/16 of useful work
+// and the cost is the stream itself. Here one thread per CTA moves each visible 64-key block's K and V rows
+// (contiguous in the cache) into a ring of p.stages shared-memory stages with two bulk copies (mbarrier
+// complete_tx), and the 4 warps read them on the CUDA cores: 8 lanes per key row (lane l8 takes the row's
+// 16-byte chunks l8 and l8 + 8, so 8 lanes read 128 contiguous bytes: no bank conflict), 4 keys per warp at a time,
+// each group of 8 lanes with its own online softmax; the 16 groups' (max, sum, output) are merged at the end.
+// Probabilities stay float32 for P V. Writes what the other tiles write (unnormalized output and (max, sum) per
+// split, or the output and the hidden flag with one split).
+constexpr int kStreamWarps = 4;
+constexpr int kStreamMaxStages = 6;
+constexpr int kStreamMaxChunk = 1024;  // keys a split at most (16 blocks: vlist's 4-bit entries)
+// The ring's stages by default: about 96 KB of K and V blocks a CTA (two CTAs an SM at head dim 128).
+constexpr int stream_stages(int d) { return std::clamp(98304 / (2 * kBlockN * d * 2), 2, kStreamMaxStages); }
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& w, float (&f)[8]) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    } else {
+      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kStreamWarps * 32) decode_attention_stream_kernel(const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int C = D / 8;                  // 16-byte chunks a row
+  constexpr int QC = (C + 7) / 8;           // chunks a lane (1 or 2)
+  constexpr int BLK = kBlockN * D;          // elements of one K (or V) block
+  constexpr int KPT = kStreamMaxChunk / (kStreamWarps * 32);
+  constexpr int NG = kStreamWarps * 4;      // groups of 8 lanes
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* stage = reinterpret_cast<T*>(smem_raw);                                           // [stages][K, V][64][D]
+  float* smask = reinterpret_cast<float*>(smem_raw + p.stages * 2 * BLK * sizeof(T));  // [chunk]
+  __shared__ __align__(8) uint64_t full[kStreamMaxStages];
+  __shared__ int s_vis[kStreamMaxChunk / kBlockN];
+  __shared__ float s_m[NG], s_l[NG];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, grp = lane / 8, l8 = lane % 8;
+  const int b = blockIdx.x / p.hkv, h = blockIdx.x % p.hkv;
+  const int64_t row = static_cast<int64_t>(b) * p.hq + h;  // [B, Hq, 1]: one row a (sequence, head)
+  const int split = blockIdx.y, key_begin = split * p.chunk;
+  const int lim = min(p.chunk, p.s - key_begin);  // keys of this split in the cache
+  const int nblocks = (lim + kBlockN - 1) / kBlockN, keys = nblocks * kBlockN;
+  if (tid < kStreamMaxChunk / kBlockN) s_vis[tid] = 0;
+  if (tid < p.stages) mbar_init(&full[tid], 1);
+  mbar_init_fence();
+  __syncthreads();
+  pdl_wait();  // q, the cache and the mask: written by the kernels before
+
+  // ---- the split's mask, all loads in flight; a block is visible where one of its keys is ----
+  const int64_t moff = b * p.ms0 + h * p.ms1;
+  float mv[KPT];
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) {
+    const int kl = tid + i * kStreamWarps * 32;
+    mv[i] = kl < lim ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, moff + (key_begin + kl) * p.ms3)) : -INFINITY;
+  }
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) {
+    const int kl = tid + i * kStreamWarps * 32;
+    if (kl < keys) {
+      smask[kl] = mv[i];
+      if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
+    }
+  }
+  __syncthreads();
+  int nvis = 0;
+  uint64_t vlist = 0;  // the visible blocks' indices in order, 4 bits each
+  for (int blk = 0; blk < nblocks; ++blk) {
+    if (s_vis[blk]) vlist |= static_cast<uint64_t>(blk) << (4 * nvis++);
+  }
+  if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
+    if (tid == 0) p.part_ml[split * p.rows_total + row] = make_float2(-INFINITY, 0.f);
+    return;
+  }
+  const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (4 * n)) & 0xfu); };
+
+  // ---- K and V of the visible blocks: two bulk copies a block, by thread 0 ----
+  const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + h * p.ks1 + static_cast<int64_t>(key_begin) * D;
+  const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + h * p.vs1 + static_cast<int64_t>(key_begin) * D;
+  const auto issue = [&](int item) {
+    const int k0 = nth_visible(item) * kBlockN, st = item % p.stages;
+    const uint32_t bytes = min(kBlockN, lim - k0) * D * sizeof(T);  // the cache's last block may be partial
+    T* dst = stage + st * 2 * BLK;
+    mbar_expect_tx(&full[st], 2 * bytes);
+    bulk_load(dst, kb + static_cast<int64_t>(k0) * D, bytes, &full[st]);
+    bulk_load(dst + BLK, vb + static_cast<int64_t>(k0) * D, bytes, &full[st]);
+  };
+  if (tid == 0) {
+    for (int i = 0; i < min(p.stages, nvis); ++i) issue(i);
+  }
+
+  float qf[QC][8];  // this lane's chunks of q
+  {
+    const T* qp = static_cast<const T*>(p.q) + b * p.qs0 + h * p.qs1;
+#pragma unroll
+    for (int c = 0; c < QC; ++c) {
+      const int ch = l8 + 8 * c;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qf[c][e] = ch < C ? to_float(qp[ch * 8 + e]) : 0.f;
+    }
+  }
+  float m = -INFINITY, l = 0.f, acc[QC][8] = {};
+  for (int item = 0; item < nvis; ++item) {
+    const int st = item % p.stages, blk = nth_visible(item);
+    mbar_wait(&full[st], (item / p.stages) & 1);
+    const T* ks = stage + st * 2 * BLK;
+    const T* vs = ks + BLK;
+    float x[4];
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {  // this group's keys: warp * 16 + it * 4 + grp of the block
+      const int j = warp * 16 + it * 4 + grp;
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < QC; ++c) {
+        const int ch = l8 + 8 * c;
+        if (ch < C) {
+          float kf[8];
+          unpack8<T>(*reinterpret_cast<const uint4*>(ks + j * D + ch * 8), kf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot = fmaf(qf[c][e], kf[e], dot);
+        }
+      }
+      dot = sum_key_lanes<8>(dot);
+      const int kl = blk * kBlockN + j;
+      x[it] = kl < lim ? capped(p, dot * p.scale_log2) + smask[kl] : -INFINITY;
+    }
+    const float mn = fmaxf(m, fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])));
+    if (mn != -INFINITY) {  // else every key so far is hidden: nothing to add
+      const float c0 = exp2f(m - mn);  // (m = -inf: 0)
+      l *= c0;
+#pragma unroll
+      for (int c = 0; c < QC; ++c) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[c][e] *= c0;
+      }
+#pragma unroll
+      for (int it = 0; it < 4; ++it) {
+        const float w = exp2f(x[it] - mn);
+        if (!(w > 0.f) && !(w != w)) continue;  // a hidden key (or one past the cache, not loaded): no V read
+        l += w;
+        const int j = warp * 16 + it * 4 + grp;
+#pragma unroll
+        for (int c = 0; c < QC; ++c) {
+          const int ch = l8 + 8 * c;
+          if (ch < C) {
+            float vf[8];
+            unpack8<T>(*reinterpret_cast<const uint4*>(vs + j * D + ch * 8), vf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[c][e] = fmaf(w, vf[e], acc[c][e]);
+          }
+        }
+      }
+      m = mn;
+    }
+    __syncthreads();  // every warp is done with the stage
+    if (tid == 0 && item + p.stages < nvis) issue(item + p.stages);
+  }
+  pdl_trigger();  // every load issued: the combine may launch
+
+  // ---- the 16 groups' partial softmaxes merged: their outputs through the ring's memory (every copy landed) ----
+  float* red = reinterpret_cast<float*>(smem_raw);  // [NG][D]
+  const int g = warp * 4 + grp;
+  if (l8 == 0) s_m[g] = m, s_l[g] = l;
+#pragma unroll
+  for (int c = 0; c < QC; ++c) {
+    const int ch = l8 + 8 * c;
+    if (ch < C) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[g * D + ch * 8 + e] = acc[c][e];
+    }
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < NG; ++i) mx = fmaxf(mx, s_m[i]);
+  if (tid < D) {
+    float o = 0.f, sum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int i = 0; i < NG; ++i) {
+        if (s_m[i] == -INFINITY) continue;
+        const float w = exp2f(s_m[i] - mx);
+        o = fmaf(red[i * D + tid], w, o);
+        sum = fmaf(s_l[i], w, sum);
+      }
+    }
+    if (p.splits == 1) {
+      static_cast<T*>(p.out)[b * p.os0 + h * p.os1 + tid] = from_float<T>(sum > 0.f ? o / sum : 0.f);
+      if (tid == 0 && p.hidden) p.hidden[row] = !(mx > kHiddenLog2);
+    } else {
+      if (mx != -INFINITY) p.part_o[(split * p.rows_total + row) * D + tid] = o;  // else never read
+      if (tid == 0) p.part_ml[split * p.rows_total + row] = make_float2(mx, sum);
+    }
+  }
+#endif
+}
+
 template <typename T, int D, int W>
 __device__ void recompute_row(const Params& p, int64_t row);
 
@@ -670,6 +876,11 @@ void decode_attention_check(const at::Tensor& q, const at::Tensor& k, const at::
 
 namespace {
 
+// Streaming one-row CTAs that fit the GPU at once (`smem` each, and the 1 KB the runtime reserves).
+int64_t stream_wave(size_t smem) {
+  return std::clamp<int64_t>(smem_per_sm() / (static_cast<int64_t>(smem) + 1024), 1, 8) * sm_count();
+}
+
 // One-row CTAs that fit the GPU at once (their shared memory decides: the ring's stages and the scores).
 int64_t one_row_wave(int cols, int64_t elem) {
   const int64_t smem = kStagesOneRow * kBlockN * cols * elem + 2 * max_chunk(cols, 1) * 4 + 1024;
@@ -697,9 +908,32 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   }
 }
 
+// The streaming one-row tile's shared memory: the ring's stages of K and V blocks, and the split's mask.
+size_t stream_smem(int d, int stages) { return static_cast<size_t>(stages) * 2 * kBlockN * d * 2 + kStreamMaxChunk * 4; }
+
+// Whether this build has the streaming one-row tile (compiled for sm_90+; elsewhere its body is empty).
+bool stream_built() {
+  static const int version = binary_version(decode_attention_stream_kernel<__nv_bfloat16, 128>);
+  return version >= 90;
+}
+
+template <typename T, int D>
+void launch_stream(Params& p, int64_t blocks_x) {
+  static_assert(D <= 128, "one row of head dim 160-256 runs in the 4-row tile");
+  opt_in_smem<decode_attention_stream_kernel<T, D>>(stream_smem(D, kStreamMaxStages));
+  static const int version = binary_version(decode_attention_stream_kernel<T, D>);
+  const bool pdl = pdl_allowed(version, 'a');
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  launch_ex(decode_attention_stream_kernel<T, D>, dim3(blocks_x, p.splits, 1), dim3(kStreamWarps * 32),
+            stream_smem(D, p.stages), stream, pdl, 0, p);
+  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(padded(D)), 0, stream, pdl, 0, p);
+  if (p.hidden) launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
+}
+
 template <typename T, int D>
 void launch_rows(Params& p, int64_t blocks_x, int rt, const at::Tensor& q) {
   if constexpr (padded(D) <= 128) {  // (one row of head dim 160-256 runs in the 4-row tile)
+    if (rt == 0) return launch_stream<T, D>(p, blocks_x);
     if (rt == 1) {
       return launch<T, D, 1, kStagesOneRow>(p, blocks_x, q);
     }
@@ -728,9 +962,12 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   // scores and mask rows, 2 x RT x 1 KB). A group of more than 16 rows takes several CTAs, each reading the
   // visible KV blocks (the later ones mostly from L2).
   // One row (MHA decode) has a tile of its own (rt 1: a deeper K/V ring in the shared memory the scores left).
-  const bool one_row = rows == 1 && d <= 128 && debug::decode_attention_rows() != 4 && roll == nullptr;
-  const int rt = one_row ? 1 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
-  const int zchunks = (rows + rt - 1) / rt;
+  // On sm_90 builds a cache of contiguous rows streams through the bulk-copy tile (rt 0: one row too).
+  const int forced_rows = debug::decode_attention_rows();
+  const bool one_row = rows == 1 && d <= 128 && forced_rows != 4 && roll == nullptr;
+  const bool stream = one_row && forced_rows != 1 && k.stride(2) == d && v.stride(2) == d && stream_built();
+  const int rt = stream ? 0 : one_row ? 1 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
+  const int zchunks = rt <= 1 ? rows : (rows + rt - 1) / rt;
   // a roll: each key block read and written back by one CTA (decode_attention_roll.cu checks the rest)
   TORCH_CHECK(roll == nullptr || (zchunks == 1 && !broadcast), "fusekit: decode_attention_run: a roll needs one CTA "
               "row per KV head (at most 16 query rows a KV head) and a cache of its own heads: ", describe(q), ", ",
@@ -748,11 +985,13 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   // blocks; the step, CUDA graphs): splits of 1 / 2 / 4 / 8 blocks 0.922 / 0.878 / 0.832 / 0.836 ms; Gemma-3-style
   // (512, D 256) 1 / 2 blocks 0.749 / 0.744 (128 CTAs); Gemma-3-style batch 1 in 4 CTAs of 2 blocks: 0.98x the
   // two-pass step, in 8 of 1 block 1.02x.
-  const int64_t target = rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
-                                 : (roll ? 4 : 8) * static_cast<int64_t>(sm_count());
+  const int stages = debug::decode_attention_stages() ? debug::decode_attention_stages() : stream_stages(static_cast<int>(d));
+  const int64_t target = rt == 0 ? stream_wave(stream_smem(static_cast<int>(d), stages))
+                         : rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
+                                   : (roll ? 4 : 8) * static_cast<int64_t>(sm_count());
   int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
   if (roll && 2 * blocks_x * (nb / 2) >= sm_count()) splits = std::min(splits, nb / 2);
-  const int max_blocks = max_chunk(padded(static_cast<int>(d)), rt) / kBlockN;
+  const int max_blocks = (rt == 0 ? kStreamMaxChunk : max_chunk(padded(static_cast<int>(d)), rt)) / kBlockN;
   if (const int forced = debug::decode_attention_splits()) splits = std::min(forced, nb);
   splits = std::max(splits, (nb + max_blocks - 1) / max_blocks);
   const int chunk_blocks = (nb + splits - 1) / splits;
@@ -782,6 +1021,7 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   p.hq = static_cast<int>(hq), p.hkv = static_cast<int>(hkv), p.lq = static_cast<int>(lq);
   p.s = static_cast<int>(S), p.group = group, p.rows = rows, p.zchunks = zchunks;
   p.chunk = chunk_blocks * kBlockN, p.splits = splits;
+  if (rt == 0) p.stages = std::min(stages, chunk_blocks);  // (a split of fewer blocks needs no deeper ring)
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
   p.cap_log2 = static_cast<float>(softcap) * kLog2e;
   p.inv_cap_log2 = softcap > 0 ? 1.f / p.cap_log2 : 0.f;

@@ -38,6 +38,7 @@
 
 #include "decode_linear.cuh"
 #include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
+#include "mbarrier.cuh"  // mbar_*, smem_u32
 #include "pdl.cuh"
 
 namespace fusekit {
@@ -70,24 +71,6 @@ __host__ __device__ constexpr int tma_box_k() { return F8 ? 2 * kTmaBK : kTmaBK;
 __host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  } while (!done);
-}
 // A box of the tensor map at (c0 = k, c1 = row) into shared memory; `bar` counts its bytes.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
@@ -215,7 +198,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   const int kb0 = split * tp.kb_per_split, nk = max(0, min(kblocks, kb0 + tp.kb_per_split) - kb0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ns; ++s) mbar_init(full + s, 1), mbar_init(empty + s, 4);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
