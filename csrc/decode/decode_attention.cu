@@ -494,9 +494,10 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 // split, or the output and the hidden flag with one split).
 constexpr int kStreamWarps = 4;
 constexpr int kStreamMaxStages = 6;
-constexpr int kStreamMaxChunk = 1024;  // keys a split at most (16 blocks: vlist's 4-bit entries)
-// The ring's stages by default: about 96 KB of K and V blocks a CTA (two CTAs an SM at head dim 128).
-constexpr int stream_stages(int d) { return std::clamp(98304 / (2 * kBlockN * d * 2), 2, kStreamMaxStages); }
+constexpr int kStreamMaxChunk = 4096;  // keys a split at most (64 blocks: one 64-bit word of visible blocks)
+// The ring's stages by default: two (H200, the op alone at MHA widths, batch 32: two stages, three CTAs an SM at head
+// dim 128, 1-4% faster than three stages at a full cache, 13-25% at position 1024; batch 1 within 3%).
+constexpr int kStreamStages = 2;
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& w, float (&f)[8]) {
@@ -518,13 +519,11 @@ __global__ void __launch_bounds__(kStreamWarps * 32) decode_attention_stream_ker
   constexpr int C = D / 8;                  // 16-byte chunks a row
   constexpr int QC = (C + 7) / 8;           // chunks a lane (1 or 2)
   constexpr int BLK = kBlockN * D;          // elements of one K (or V) block
-  constexpr int KPT = kStreamMaxChunk / (kStreamWarps * 32);
   constexpr int NG = kStreamWarps * 4;      // groups of 8 lanes
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* stage = reinterpret_cast<T*>(smem_raw);                                           // [stages][K, V][64][D]
-  float* smask = reinterpret_cast<float*>(smem_raw + p.stages * 2 * BLK * sizeof(T));  // [chunk]
+  T* stage = reinterpret_cast<T*>(smem_raw);  // [stages][K, V][64][D]
   __shared__ __align__(8) uint64_t full[kStreamMaxStages];
-  __shared__ int s_vis[kStreamMaxChunk / kBlockN];
+  __shared__ unsigned s_vis[2];               // the split's visible blocks as bits (64)
   __shared__ float s_m[NG], s_l[NG];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, grp = lane / 8, l8 = lane % 8;
@@ -533,45 +532,56 @@ __global__ void __launch_bounds__(kStreamWarps * 32) decode_attention_stream_ker
   const int split = blockIdx.y, key_begin = split * p.chunk;
   const int lim = min(p.chunk, p.s - key_begin);  // keys of this split in the cache
   const int nblocks = (lim + kBlockN - 1) / kBlockN, keys = nblocks * kBlockN;
-  if (tid < kStreamMaxChunk / kBlockN) s_vis[tid] = 0;
+  if (tid < 2) s_vis[tid] = 0;
   if (tid < p.stages) mbar_init(&full[tid], 1);
   mbar_init_fence();
   __syncthreads();
   pdl_wait();  // q, the cache and the mask: written by the kernels before
 
-  // ---- the split's mask, all loads in flight; a block is visible where one of its keys is ----
+  // ---- the split's mask (8 loads in flight a thread): a block is visible where one of its keys is ----
   const int64_t moff = b * p.ms0 + h * p.ms1;
-  float mv[KPT];
+  const auto mask_of = [&](int kl) {  // key kl of the split, in the cache
+    return p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, moff + (key_begin + kl) * p.ms3);
+  };
+  unsigned vis[2] = {0u, 0u};
+  for (int k0 = 0; k0 < keys; k0 += 8 * kStreamWarps * 32) {
+    float mv[8];
 #pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    const int kl = tid + i * kStreamWarps * 32;
-    mv[i] = kl < lim ? (p.mask_kind == kNoMask ? 0.f : mask_at<T>(p, moff + (key_begin + kl) * p.ms3)) : -INFINITY;
-  }
+    for (int i = 0; i < 8; ++i) {
+      const int kl = k0 + tid + i * kStreamWarps * 32;
+      mv[i] = kl < lim ? mask_of(kl) : -INFINITY;
+    }
 #pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    const int kl = tid + i * kStreamWarps * 32;
-    if (kl < keys) {
-      smask[kl] = mv[i];
-      if (!(mv[i] <= kHiddenLog2)) s_vis[kl / kBlockN] = 1;  // a NaN counts as visible, as in the reference
+    for (int i = 0; i < 8; ++i) {
+      const int blk = (k0 + tid + i * kStreamWarps * 32) / kBlockN;
+      if (!(mv[i] <= kHiddenLog2)) vis[blk / 32] |= 1u << (blk % 32);  // a NaN counts as visible, as in the reference
     }
   }
-  __syncthreads();
-  int nvis = 0;
-  uint64_t vlist = 0;  // the visible blocks' indices in order, 4 bits each
-  for (int blk = 0; blk < nblocks; ++blk) {
-    if (s_vis[blk]) vlist |= static_cast<uint64_t>(blk) << (4 * nvis++);
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    vis[w] = __reduce_or_sync(0xffffffffu, vis[w]);
+    if (lane == 0 && vis[w]) atomicOr(&s_vis[w], vis[w]);
   }
+  __syncthreads();
+  const uint64_t vbits = s_vis[0] | static_cast<uint64_t>(s_vis[1]) << 32;
+  const int nvis = __popcll(vbits);
   if (nvis == 0 && p.splits > 1) {  // (max, sum) = (-inf, 0): the combine reads no output of this split
     if (tid == 0) p.part_ml[split * p.rows_total + row] = make_float2(-INFINITY, 0.f);
     return;
   }
-  const auto nth_visible = [&](int n) { return static_cast<int>((vlist >> (4 * n)) & 0xfu); };
+  // The visible blocks in order: the producer's cursor (thread 0, issuing ahead) and the consumers'.
+  const auto next_visible = [](uint64_t& rest) {
+    const int blk = __ffsll(static_cast<long long>(rest)) - 1;
+    rest &= rest - 1;
+    return blk;
+  };
+  uint64_t to_issue = vbits, to_read = vbits;
 
   // ---- K and V of the visible blocks: two bulk copies a block, by thread 0 ----
   const T* kb = static_cast<const T*>(p.k) + b * p.ks0 + h * p.ks1 + static_cast<int64_t>(key_begin) * D;
   const T* vb = static_cast<const T*>(p.v) + b * p.vs0 + h * p.vs1 + static_cast<int64_t>(key_begin) * D;
   const auto issue = [&](int item) {
-    const int k0 = nth_visible(item) * kBlockN, st = item % p.stages;
+    const int k0 = next_visible(to_issue) * kBlockN, st = item % p.stages;
     const uint32_t bytes = min(kBlockN, lim - k0) * D * sizeof(T);  // the cache's last block may be partial
     T* dst = stage + st * 2 * BLK;
     mbar_expect_tx(&full[st], 2 * bytes);
@@ -594,7 +604,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32) decode_attention_stream_ker
   }
   float m = -INFINITY, l = 0.f, acc[QC][8] = {};
   for (int item = 0; item < nvis; ++item) {
-    const int st = item % p.stages, blk = nth_visible(item);
+    const int st = item % p.stages, blk = next_visible(to_read);
+    float mk[4];  // this group's keys' mask values (from L1: read above), loaded while the stage lands
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int kl = blk * kBlockN + warp * 16 + it * 4 + grp;
+      mk[it] = kl < lim ? mask_of(kl) : -INFINITY;
+    }
     mbar_wait(&full[st], (item / p.stages) & 1);
     const T* ks = stage + st * 2 * BLK;
     const T* vs = ks + BLK;
@@ -615,7 +631,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32) decode_attention_stream_ker
       }
       dot = sum_key_lanes<8>(dot);
       const int kl = blk * kBlockN + j;
-      x[it] = kl < lim ? capped(p, dot * p.scale_log2) + smask[kl] : -INFINITY;
+      x[it] = kl < lim ? capped(p, dot * p.scale_log2) + mk[it] : -INFINITY;
     }
     const float mn = fmaxf(m, fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])));
     if (mn != -INFINITY) {  // else every key so far is hidden: nothing to add
@@ -876,9 +892,45 @@ void decode_attention_check(const at::Tensor& q, const at::Tensor& k, const at::
 
 namespace {
 
-// Streaming one-row CTAs that fit the GPU at once (`smem` each, and the 1 KB the runtime reserves).
-int64_t stream_wave(size_t smem) {
-  return std::clamp<int64_t>(smem_per_sm() / (static_cast<int64_t>(smem) + 1024), 1, 8) * sm_count();
+// The streaming one-row tile's shared memory: the ring's stages of K and V blocks.
+size_t stream_smem(int d, int stages) { return static_cast<size_t>(stages) * 2 * kBlockN * d * 2; }
+
+// Streaming one-row CTAs of head dim D that fit the GPU at once with `smem` bytes each (registers decide too).
+template <int D>
+int64_t stream_wave_d(size_t smem) {
+  const auto kernel = decode_attention_stream_kernel<__nv_bfloat16, D>;  // (fp16's uses as many registers)
+  opt_in_smem<decode_attention_stream_kernel<__nv_bfloat16, D>>(stream_smem(D, kStreamMaxStages));
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kStreamWarps * 32, smem));
+  return std::max(n, 1) * static_cast<int64_t>(sm_count());
+}
+
+int64_t stream_wave(int d, size_t smem) {
+  switch (d) {
+    case 64: return stream_wave_d<64>(smem);
+    case 80: return stream_wave_d<80>(smem);
+    case 96: return stream_wave_d<96>(smem);
+    case 112: return stream_wave_d<112>(smem);
+    default: return stream_wave_d<128>(smem);
+  }
+}
+
+// Splits of the streaming tile: the fewest whose CTAs fill their last wave to >= 90% (at a full cache every CTA
+// streams as much: the step ends with its last wave), else the fullest within four waves. H200, GPT-NeoX widths at
+// batch 32 (512 rows, three CTAs an SM): 4 splits are 5.2 waves, 3 splits 3.9.
+int stream_splits(int64_t blocks_x, int nb, int64_t wave) {
+  int best = 1;
+  double best_fill = 0.0;
+  for (int s = (nb + kStreamMaxChunk / kBlockN - 1) / (kStreamMaxChunk / kBlockN); s <= nb; ++s) {
+    const int per = (nb + s - 1) / s;
+    if ((nb + per - 1) / per != s) continue;  // the splits of a smaller s
+    const int64_t n = blocks_x * s;
+    if (n > 4 * wave && best_fill > 0.0) break;
+    const double fill = static_cast<double>(n) / static_cast<double>(wave * ((n + wave - 1) / wave));
+    if (fill >= 0.9) return s;
+    if (fill > best_fill) best = s, best_fill = fill;
+  }
+  return best;
 }
 
 // One-row CTAs that fit the GPU at once (their shared memory decides: the ring's stages and the scores).
@@ -908,8 +960,6 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   }
 }
 
-// The streaming one-row tile's shared memory: the ring's stages of K and V blocks, and the split's mask.
-size_t stream_smem(int d, int stages) { return static_cast<size_t>(stages) * 2 * kBlockN * d * 2 + kStreamMaxChunk * 4; }
 
 // Whether this build has the streaming one-row tile (compiled for sm_90+; elsewhere its body is empty).
 bool stream_built() {
@@ -985,11 +1035,11 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   // blocks; the step, CUDA graphs): splits of 1 / 2 / 4 / 8 blocks 0.922 / 0.878 / 0.832 / 0.836 ms; Gemma-3-style
   // (512, D 256) 1 / 2 blocks 0.749 / 0.744 (128 CTAs); Gemma-3-style batch 1 in 4 CTAs of 2 blocks: 0.98x the
   // two-pass step, in 8 of 1 block 1.02x.
-  const int stages = debug::decode_attention_stages() ? debug::decode_attention_stages() : stream_stages(static_cast<int>(d));
-  const int64_t target = rt == 0 ? stream_wave(stream_smem(static_cast<int>(d), stages))
-                         : rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
-                                   : (roll ? 4 : 8) * static_cast<int64_t>(sm_count());
-  int splits = static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
+  const int stages = debug::decode_attention_stages() ? debug::decode_attention_stages() : kStreamStages;
+  const int64_t target = rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
+                                 : (roll ? 4 : 8) * static_cast<int64_t>(sm_count());
+  int splits = rt == 0 ? stream_splits(blocks_x, nb, stream_wave(static_cast<int>(d), stream_smem(static_cast<int>(d), stages)))
+                       : static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
   if (roll && 2 * blocks_x * (nb / 2) >= sm_count()) splits = std::min(splits, nb / 2);
   const int max_blocks = (rt == 0 ? kStreamMaxChunk : max_chunk(padded(static_cast<int>(d)), rt)) / kBlockN;
   if (const int forced = debug::decode_attention_splits()) splits = std::min(forced, nb);
