@@ -6,6 +6,7 @@ import importlib
 import pathlib
 import sys
 import time
+from collections.abc import Iterable
 
 import torch
 
@@ -22,12 +23,13 @@ def _tables_from_checkout() -> None:
         sys.modules["fusion_backend.patterns"] = importlib.import_module("patterns")
 
 
-def trace_patterns(devices: list[str]) -> int:
-    """Trace (or load) every rule in every dtype on `devices`; returns the number of search forms."""
+def trace_patterns(devices: list[str], dtypes: Iterable[torch.dtype] | None = None) -> int:
+    """Trace (or load) every rule in every dtype (or those of `dtypes`) on `devices`; returns the number of search
+    forms."""
     from . import forms, table
 
     return sum(len(forms.search_forms(p, dt, dev))
-               for dev in devices for p in table.all_patterns() for dt in p.dtypes)
+               for dev in devices for p in table.all_patterns() for dt in p.dtypes if dtypes is None or dt in dtypes)
 
 
 def main() -> None:

@@ -31,9 +31,12 @@
 // group. With more than one split, partial (max, sum, output) go to a float32 workspace and a second kernel
 // combines them. Splits hold at most 4 blocks (8 for a group of 4 rows of head dim <= 128): a short visible
 // prefix of a long cache still spreads over many CTAs. One query row per KV head (MHA decode, head dim <= 128)
-// runs a tile of its own: a ring of three stages in the shared memory the other rows' scores would take, and
-// about one wave of CTAs of up to 16 blocks each (H100, GPT-NeoX widths, 4000 of 4096 keys visible: batch 1
-// 33.8 -> 28.2 us, batch 32 406 -> 383 us against the group tile). Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
+// runs a tile of its own. On sm_90 builds, where the cache's rows are contiguous, the streaming tile
+// (decode_attention_stream_kernel: whole K/V blocks by bulk copy, CUDA cores, splits that fill whole waves; H200,
+// GPT-NeoX widths, batch 32 at position 1024 of 4096: 103.2 -> 93.2 us against the tensor-core one-row tile);
+// elsewhere the tensor-core one-row tile: a ring of three stages in the shared memory the other rows' scores would
+// take, and about one wave of CTAs of up to 16 blocks each (H100, GPT-NeoX widths, 4000 of 4096 keys visible:
+// batch 1 33.8 -> 28.2 us, batch 32 406 -> 383 us against the group tile). Runs on the current stream; the workspace comes from the caching allocator (CUDA-graph safe). On
 // sm_90+ each kernel launches with programmatic dependent launch (pdl.cuh) and waits before its first access.
 // A head dim between the tiles' sizes (80, 96, 112; 160, 192) runs the kernel of the next one up (128; 256) with
 // the columns past D never copied, multiplied or written: the bytes read are D's, the tensor-core steps D / 16.
@@ -495,9 +498,11 @@ __global__ void __launch_bounds__(kWarps * 32, min_ctas<D, RT>()) decode_attenti
 constexpr int kStreamWarps = 4;
 constexpr int kStreamMaxStages = 6;
 constexpr int kStreamMaxChunk = 4096;  // keys a split at most (64 blocks: one 64-bit word of visible blocks)
-// The ring's stages by default: two (H200, the op alone at MHA widths, batch 32: two stages, three CTAs an SM at head
-// dim 128, 1-4% faster than three stages at a full cache, 13-25% at position 1024; batch 1 within 3%).
-constexpr int kStreamStages = 2;
+// The ring's stages by default: one (each CTA has one block in flight; more CTAs an SM keep more in flight). H200,
+// the op alone (bench_decode_attention.py, GPT-NeoX / Phi-3 / StableLM-2 / GPT-2 widths): at batch 32 one stage
+// was the fastest of 1, 2, 3 at every shape and position (position 1024: 93.2 / 104.3 / 115.1 us at GPT-NeoX
+// widths; the tensor-core tile 103.2), at batch 1 within 0.6 us of the fastest tile and ring.
+constexpr int kStreamStages = 1;
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& w, float (&f)[8]) {

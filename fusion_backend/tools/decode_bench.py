@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from .. import stats
+from .. import build
 from . import models
 from ..backend import backend as fusekit_backend
 from ..report import Report, near_miss_groups, no_compile_caches
@@ -510,9 +511,16 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
           f"batches {batches}; positions {positions} of {cache_len}", flush=True)
     results: list[dict] = []
     gens: list[dict] = []
-    # Inductor's one-time start-up (compile workers, code cache) would otherwise land in the first compile timed
+    # Inductor's one-time start-up (compile workers, code cache) would otherwise land in the first compile timed,
+    # and fusekit's tracing of its rules (which the install does: python -m fusion_backend.build) in fusekit's
     torch.compile(lambda x: (x * 2).sin())(torch.randn(8, device=device))
     torch._dynamo.reset()
+    if device == "cuda":
+        t_trace = time.time()
+        dts = {models.MODELS[n].dtype for n in names}
+        build.trace_patterns(["cuda"], dts)
+        print(f"fusekit's rules for {', '.join(str(d)[6:] for d in sorted(dts, key=str))} traced or loaded in "
+              f"{time.time() - t_trace:.0f} s", flush=True)
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
 
