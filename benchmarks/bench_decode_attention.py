@@ -67,19 +67,20 @@ def main() -> None:
                                                      attn_mask=mask.double(), scale=scale)
                 ts, t = bench(sdpa), bench(fk)
                 outs = [fk()]
+                one_row = n == 1 and d <= 128  # (MHA: a one-row tile runs)
                 tiles = "- | - | "
-                if n == 1 and d <= 128:
+                if one_row:
                     tiles = ""
                     for rows in ("1", "4"):
                         with environment({"FUSEKIT_DECODE_ATTN_ROWS": rows}):  # read at each launch
                             outs.append(fk())
                             tiles += f"{bench(fk):.1f} | "
                 cols = ""
-                for var, val in forced + (stages if n == 1 and d <= 128 else []):
+                for var, val in forced + (stages if one_row else []):
                     with environment({var: val}):
                         outs.append(fk())
                         cols += f"{bench(fk):.1f} | "
-                cols += "- | " * (len(stages) if not (n == 1 and d <= 128) else 0)
+                cols += "" if one_row else "- | " * len(stages)
                 err = max((o.double() - ref).abs().max().item() for o in outs)
                 err_sdpa = (sdpa().double() - ref).abs().max().item()
                 floor_us = 2 * b * hkv * (pos + 1) * d * 2 / bw * 1e6  # the visible K and V rows

@@ -900,23 +900,29 @@ namespace {
 // The streaming one-row tile's shared memory: the ring's stages of K and V blocks.
 size_t stream_smem(int d, int stages) { return static_cast<size_t>(stages) * 2 * kBlockN * d * 2; }
 
-// Streaming one-row CTAs of head dim D that fit the GPU at once with `smem` bytes each (registers decide too).
+// Streaming one-row CTAs of head dim D that fit the GPU at once with a ring of `stages` (registers decide too). The
+// runtime's occupancy is asked once per device and ring depth, not at every launch.
 template <int D>
-int64_t stream_wave_d(size_t smem) {
-  const auto kernel = decode_attention_stream_kernel<__nv_bfloat16, D>;  // (fp16's uses as many registers)
-  opt_in_smem<decode_attention_stream_kernel<__nv_bfloat16, D>>(stream_smem(D, kStreamMaxStages));
-  int n = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kStreamWarps * 32, smem));
-  return std::max(n, 1) * static_cast<int64_t>(sm_count());
+int64_t stream_wave_d(int stages) {
+  static int per_sm[64][kStreamMaxStages + 1] = {};
+  const int dev = c10::cuda::current_device();
+  if (per_sm[dev][stages] == 0) {
+    const auto kernel = decode_attention_stream_kernel<__nv_bfloat16, D>;  // (fp16's uses as many registers)
+    opt_in_smem<decode_attention_stream_kernel<__nv_bfloat16, D>>(stream_smem(D, kStreamMaxStages));
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kStreamWarps * 32, stream_smem(D, stages)));
+    per_sm[dev][stages] = std::max(n, 1);
+  }
+  return per_sm[dev][stages] * static_cast<int64_t>(sm_count());
 }
 
-int64_t stream_wave(int d, size_t smem) {
+int64_t stream_wave(int d, int stages) {
   switch (d) {
-    case 64: return stream_wave_d<64>(smem);
-    case 80: return stream_wave_d<80>(smem);
-    case 96: return stream_wave_d<96>(smem);
-    case 112: return stream_wave_d<112>(smem);
-    default: return stream_wave_d<128>(smem);
+    case 64: return stream_wave_d<64>(stages);
+    case 80: return stream_wave_d<80>(stages);
+    case 96: return stream_wave_d<96>(stages);
+    case 112: return stream_wave_d<112>(stages);
+    default: return stream_wave_d<128>(stages);
   }
 }
 
@@ -944,6 +950,15 @@ int64_t one_row_wave(int cols, int64_t elem) {
   return std::clamp<int64_t>(smem_per_sm() / smem, 1, 8) * sm_count();
 }
 
+// What follows any tile's main kernel: the split combine, or with one split the hidden rows' recompute.
+template <typename T, int D>
+void launch_after(const Params& p, cudaStream_t stream, bool pdl) {
+  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(padded(D)), 0, stream, pdl, 0, p);
+  if (p.hidden) {  // one split: no combine to recompute the hidden rows in
+    launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
+  }
+}
+
 template <typename T, int D, int RT, int NS = kStages>
 void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   constexpr int P = padded(D);
@@ -959,10 +974,7 @@ void launch(Params& p, int64_t blocks_x, const at::Tensor& q) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_ex(decode_attention_kernel<T, D, RT, NS>, dim3(blocks_x, p.splits, 1), dim3(kWarps * 32),
             smem_for(p.chunk, p.stages), stream, pdl, 0, p);
-  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(P), 0, stream, pdl, 0, p);
-  if (p.hidden) {  // one split: no combine to recompute the hidden rows in
-    launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
-  }
+  launch_after<T, D>(p, stream, pdl);
 }
 
 
@@ -981,8 +993,7 @@ void launch_stream(Params& p, int64_t blocks_x) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_ex(decode_attention_stream_kernel<T, D>, dim3(blocks_x, p.splits, 1), dim3(kStreamWarps * 32),
             stream_smem(D, p.stages), stream, pdl, 0, p);
-  if (p.splits > 1) launch_ex(combine_splits<T, D>, dim3(p.rows_total), dim3(padded(D)), 0, stream, pdl, 0, p);
-  if (p.hidden) launch_ex(hidden_rows<T, D>, dim3(p.rows_total), dim3(kWarps * 32), 0, stream, pdl, 0, p);
+  launch_after<T, D>(p, stream, pdl);
 }
 
 template <typename T, int D>
@@ -1043,7 +1054,7 @@ at::Tensor decode_attention_run(const at::Tensor& q, const at::Tensor& k, const 
   const int stages = debug::decode_attention_stages() ? debug::decode_attention_stages() : kStreamStages;
   const int64_t target = rt == 1 ? one_row_wave(padded(static_cast<int>(d)), q.element_size())
                                  : (roll ? 4 : 8) * static_cast<int64_t>(sm_count());
-  int splits = rt == 0 ? stream_splits(blocks_x, nb, stream_wave(static_cast<int>(d), stream_smem(static_cast<int>(d), stages)))
+  int splits = rt == 0 ? stream_splits(blocks_x, nb, stream_wave(static_cast<int>(d), stages))
                        : static_cast<int>(std::min<int64_t>(std::max<int64_t>((target + blocks_x - 1) / blocks_x, 1), nb));
   if (roll && 2 * blocks_x * (nb / 2) >= sm_count()) splits = std::min(splits, nb / 2);
   const int max_blocks = (rt == 0 ? kStreamMaxChunk : max_chunk(padded(static_cast<int>(d)), rt)) / kBlockN;
