@@ -99,7 +99,10 @@ class FusekitPass(CustomGraphPass):
                 record.match_attempts = 0
                 lowered.expand(graph)  # Inductor's woq_int8 lowering calls, as the ATen ops they stand for
                 padded = unpad.strip(graph)  # rules match the unpadded chain; padding goes back where none did
-                for fp in matcher.family_passes(graph, enabled, dtypes, run):
+                t_entries = time.perf_counter()
+                family_passes = matcher.family_passes(graph, enabled, dtypes, run)
+                record.entries_s = time.perf_counter() - t_entries
+                for fp in family_passes:
                     # found before this family's rules take the nodes, recorded after them (a guard's own
                     # near miss at a site comes first)
                     misses = _reused_intermediates(graph, run, fp.pattern_ids, dtypes) if report else []

@@ -63,13 +63,17 @@ class Report:
         return sum(g.pass_s for g in self.graphs)
 
     @property
+    def entries_s(self) -> float:
+        return sum(g.entries_s for g in self.graphs)
+
+    @property
     def match_attempts(self) -> int:
         return sum(g.match_attempts for g in self.graphs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "graphs": len(self.graphs), "sites": self.total_sites, "pass_s": self.pass_s,
-            "match_attempts": self.match_attempts,
+            "entries_s": self.entries_s, "match_attempts": self.match_attempts,
             "nodes_before": sum(g.nodes_before for g in self.graphs),
             "left_to_inductor": self.left_to_inductor, "patterns": self.rows(),
             "output_casts": dict(self.output_casts),
@@ -81,7 +85,8 @@ class Report:
         before = sum(g.nodes_before for g in self.graphs)
         lines = [f"fusekit: {len(self.graphs)} graph(s), {self.total_sites} site(s) fused, "
                  f"{sum(self.nodes_replaced.values())} of {before} ATen nodes replaced, "
-                 f"{self.left_to_inductor} nodes left to Inductor; pass {self.pass_s:.2f} s, "
+                 f"{self.left_to_inductor} nodes left to Inductor; pass {self.pass_s:.2f} s "
+                 f"({self.entries_s:.2f} s choosing entries), "
                  f"{self.match_attempts:,} match attempts"
                  + "".join(f", {n} output cast(s) stored by fusekit::{op}" for op, n in self.output_casts.items())]
         rows = [r for r in self.rows() if r["sites"] or r["near_misses"] or r["errors"]]

@@ -46,6 +46,7 @@ class GraphRecord:
     graph_code: str = ""                # the graph after fusekit's pass (report mode only)
     match_attempts: int = 0             # pattern-matcher entries offered, summed over the graph's nodes
     pass_s: float = 0.0                 # the pass's wall time, this graph
+    entries_s: float = 0.0              # of it: choosing the entries to offer (a process's first use makes them)
 
 
 @dataclasses.dataclass
