@@ -389,3 +389,21 @@ def _fuse_norm(graph: torch.fx.Graph, record, m: Any, wait: torch.fx.Node, ar: t
     record.nodes_replaced[NORM_RULE] += size
     record.fused_sites.append((NORM_RULE, describe(ar)))
     return {normed: got[0], h: got[1]}
+
+
+def drop_backward_hooks(model: torch.nn.Module) -> int:
+    """Remove `model`'s module-level backward hooks, for inference; returns how many modules had them.
+
+    transformers 5.17's tensor-parallel plans put one on Qwen3-, Gemma-3- and Qwen3-MoE-style per-head q/k norms
+    (``replicated_with_grad_allreduce``: training's gradient all-reduce). Dynamo breaks the graph at every module that
+    has one ("Module-level backwards hooks require compiled autograd"), for any backend, so each layer becomes
+    several graphs, recompiled per layer until the recompile limit leaves the rest eager. Under ``torch.no_grad``
+    these hooks never run. Newer transformers (5.24) registers parameter hooks only while grad is enabled instead.
+    """
+    n = 0
+    for m in model.modules():
+        if m._backward_hooks or m._backward_pre_hooks:
+            m._backward_hooks.clear()
+            m._backward_pre_hooks.clear()
+            n += 1
+    return n

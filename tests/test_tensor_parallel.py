@@ -34,6 +34,10 @@ MODELS = {
     "qwen2": ("Qwen2Config", {"decode.gqa": LAYERS, "decode_gemm.qkv_bias": LAYERS,
                               "decode_gemm.gate_up_silu": LAYERS, "decode_gemm.linear": 2 * LAYERS + 1,
                               "collective.all_reduce_add_rms_norm": 2 * LAYERS + 1}),
+    # per-head q/k norms between the column and row shards (transformers 5.17 hooks them for training: dropped below)
+    "qwen3": ("Qwen3Config", {"decode.gqa": LAYERS, "decode_gemm.qkv": LAYERS, "decode_gemm.gate_up_silu": LAYERS,
+                              "decode_gemm.linear": 2 * LAYERS + 1,
+                              "collective.all_reduce_add_rms_norm": 2 * LAYERS + 1}),
 }
 
 
@@ -52,6 +56,7 @@ def _rank(rank, path, port, tokens, expected, want):
         from torch.distributed.tensor import DTensor
 
         model = transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32).eval()
+        fusion_backend.collectives.drop_backward_hooks(model)  # as a user serving it would (a graph break otherwise)
         assert isinstance(model.model.layers[0].self_attn.q_proj.weight, DTensor)
         cache = transformers.StaticCache(config=model.config, max_cache_len=64)
         step = _step(model, cache, tokens)
@@ -139,3 +144,30 @@ def test_collective_rewrite_options():
     assert parse(None, {"disable": norm})[0].collectives == (shot,)
     assert parse(None, {"patterns": [shot]})[0].collectives == (shot,)
     assert parse(None, {"patterns": [norm]})[0].collectives == (shot, norm)  # the fused rule takes one-shot sites
+
+
+def test_drop_backward_hooks_removes_the_graph_breaks():
+    """A module-level backward hook (transformers 5.17 puts one on Qwen3's per-head norms under tp_plan) breaks the graph
+    at that module for any backend, even under no_grad; dropped, the model is one graph again."""
+    from torch._dynamo.testing import CompileCounter
+
+    from fusion_backend.collectives import drop_backward_hooks
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)).eval()
+    model[1].register_full_backward_hook(lambda m, gi, go: None)
+    x = torch.randn(2, 8)
+
+    def graphs():
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        with torch.no_grad():
+            out = torch.compile(lambda t: model(t), backend=counter)(x)
+        return (counter.frame_count, counter.op_count), out
+
+    with torch.no_grad():
+        want = model(x)
+    (_, ops_broken), _ = graphs()  # the hooked module's call runs eagerly, whatever the split around it
+    assert drop_backward_hooks(model) == 1 and drop_backward_hooks(model) == 0
+    (frames, ops), got = graphs()
+    assert frames == 1 and ops > ops_broken, (frames, ops, ops_broken)
+    torch.testing.assert_close(got, want)

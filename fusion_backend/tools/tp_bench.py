@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import collectives
 from . import models
 from .cuda_graphs import capture
 from .decode_bench import Prompt, Step, _compile, copy_bandwidth, first_call, step_sites
@@ -78,7 +79,9 @@ def _load(path: str, world: int, device: str, dtype: torch.dtype) -> Any:
 
     if world == 1:
         return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    return transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=dtype).eval()
+    collectives.drop_backward_hooks(model)  # training-only hooks that break the graph at every layer (both backends)
+    return model
 
 
 def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: int, device: str, cache_len: int,
