@@ -37,7 +37,8 @@ MODELS = {
     # per-head q/k norms between the column and row shards (transformers 5.17 hooks them for training: dropped below)
     "qwen3": ("Qwen3Config", {"decode.gqa": LAYERS, "decode_gemm.qkv": LAYERS, "decode_gemm.gate_up_silu": LAYERS,
                               "decode_gemm.linear": 2 * LAYERS + 1,
-                              "collective.all_reduce_add_rms_norm": 2 * LAYERS + 1}),
+                              # transformers 5.17's plan keeps the embedding whole (no all-reduce after it)
+                              "collective.all_reduce_add_rms_norm": (2 * LAYERS, 2 * LAYERS + 1)}),
 }
 
 
@@ -67,7 +68,8 @@ def _rank(rank, path, port, tokens, expected, want):
             rep = fusion_backend.explain(model, tokens[:, PROMPT:], **step, options={"cpu_reference": True})
         assert not rep.errors, str(rep)
         for rule, sites in expected.items():
-            assert rep.sites[rule] == sites, f"rank {rank}: {rule}\n{rep}"
+            assert rep.sites[rule] in (sites if isinstance(sites, tuple) else (sites,)), f"rank {rank}: {rule}\n{rep}"
+        all_reduces = rep.sites["collective.all_reduce_add_rms_norm"]
         assert rep.sites["collective.all_reduce_one_shot"] == 0, str(rep)
         got = rep.output.logits
         assert not isinstance(got, DTensor) and not isinstance(eager, DTensor)  # the LM head gathers its shards
@@ -80,7 +82,7 @@ def _rank(rank, path, port, tokens, expected, want):
             rep = fusion_backend.explain(model, tokens[:, PROMPT:], **step, options={
                 "cpu_reference": True, "disable": ["collective.all_reduce_add_rms_norm"]})
         assert (rep.sites["collective.all_reduce_one_shot"], rep.sites["collective.all_reduce_add_rms_norm"]) == (
-            2 * LAYERS + 1, 0), str(rep)
+            all_reduces, 0), str(rep)
         torch.testing.assert_close(rep.output.logits, want, rtol=1e-4, atol=1e-4)
     finally:
         dist.destroy_process_group()
