@@ -18,7 +18,7 @@ from torch import Tensor
 from torch._inductor import pattern_matcher as pm
 
 from . import guards as G
-from . import forms, registry, tracing, table
+from . import forms, ops, registry, tracing, table
 from .registry import Pattern
 from .stats import PassRun
 
@@ -63,9 +63,14 @@ def rule_dtype(p: Pattern, dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in p.dtypes else p.dtypes[0]
 
 
-def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]]) -> list[tuple[torch.dtype, str]]:
-    """The (rule dtype, device) pairs whose entries `p` offers a graph holding `dtypes`, each once."""
-    return list(dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes))
+def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]],
+               firing_only: bool = False) -> list[tuple[torch.dtype, str]]:
+    """The (rule dtype, device) pairs whose entries `p` offers a graph holding `dtypes`, each once. `firing_only`:
+    without the pairs that could only explain a near miss (a CUDA dtype the op's kernel does not take: Falcon's
+    float32 rotary and softmax gave the decode rules 39% of its match attempts)."""
+    pairs = dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes)
+    return [(dt, dev) for dt, dev in pairs
+            if not firing_only or dev != "cuda" or ops.cuda_kernel_takes(p.op, dt)]
 
 
 @functools.cache
@@ -81,8 +86,51 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, veri
                             scalar_workaround=tracing._dummy_scalars(p), search_fn_pattern=form.expr,
                             skip_duplicates=True, **({"extra_check": _returned} if form.cast else {}))
     order = table.position(pattern_id)
-    return tuple(Entry(key, e, pattern_id, order, tracing._size(e.pattern), *form.needs)
-                 for key, es in store.patterns.items() for e in es)
+    out = tuple(Entry(key, e, pattern_id, order, tracing._size(e.pattern), *form.needs)
+                for key, es in store.patterns.items() for e in es)
+    for e in out:
+        e.entry.pattern = Prechecked.of(e.entry.pattern)
+    return out
+
+
+class Prechecked:
+    """An entry's search pattern behind a test of the anchor's inputs: the op each argument that the pattern
+    spells as a call must come from. Inductor's matcher builds a match context for every entry offered at a node;
+    most of a graph's attempts fail at once, on the anchor's first argument (Falcon's SDPA decomposition offered
+    each of 22 casts 192 decode entries), and this fails them before that."""
+
+    __slots__ = ("pattern", "nargs", "needs")
+
+    def __init__(self, pattern: pm.CallFunction, nargs: int, needs: tuple[tuple[int, str, Any], ...]) -> None:
+        self.pattern, self.nargs, self.needs = pattern, nargs, needs
+
+    @classmethod
+    def of(cls, pattern: Any) -> Any:
+        if type(pattern) is not pm.CallFunction:
+            return pattern
+        needs = tuple((i, a.op, a.fns_set) for i, a in enumerate(pattern.args) if type(a) is pm.CallFunction)
+        return cls(pattern, len(pattern.args), needs) if needs else pattern
+
+    def match(self, node: torch.fx.Node) -> Any:
+        args = node.args
+        if len(args) != self.nargs:
+            return _DIFFERENT_INPUTS
+        for i, op, fns in self.needs:
+            a = args[i]
+            if not isinstance(a, torch.fx.Node) or a.op != op or pm.extract_target(a) not in fns:
+                return _DIFFERENT_INPUTS
+        return self.pattern.match(node)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the pattern's interface
+        if name == "pattern":
+            raise AttributeError(name)
+        return getattr(self.pattern, name)
+
+    def __repr__(self) -> str:
+        return repr(self.pattern)
+
+
+_DIFFERENT_INPUTS = pm.FailedMatch("the anchor's inputs come from other ops")
 
 
 def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex | None = None,
@@ -132,7 +180,7 @@ class FamilyPass:
 
 
 def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str], dtypes: Sequence[tuple[torch.dtype, str]],
-                  run: PassRun) -> list[FamilyPass]:
+                  run: PassRun, firing_only: bool = False) -> list[FamilyPass]:
     """One pass per family of `pattern_ids` (table order), each holding only the entries that fit `graph`,
     bound to `run` (its options, and where it records what it did)."""
     index = GraphIndex(graph)
@@ -142,7 +190,7 @@ def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str], dtypes: Seq
         family = pid.split(".", 1)[0]
         fp = out.setdefault(family, FamilyPass(family, [], pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0))
         fp.pattern_ids.append(pid)
-        for dtype, device in rule_pairs(table.by_id(pid), dtypes):
+        for dtype, device in rule_pairs(table.by_id(pid), dtypes, firing_only):
             chosen.setdefault(family, []).extend(entries(pid, dtype, device, index, run.options.verify))
     for family, es in chosen.items():
         patterns = out[family].pass_.patterns

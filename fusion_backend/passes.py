@@ -100,7 +100,7 @@ class FusekitPass(CustomGraphPass):
                 lowered.expand(graph)  # Inductor's woq_int8 lowering calls, as the ATen ops they stand for
                 padded = unpad.strip(graph)  # rules match the unpadded chain; padding goes back where none did
                 t_entries = time.perf_counter()
-                family_passes = matcher.family_passes(graph, enabled, dtypes, run)
+                family_passes = matcher.family_passes(graph, enabled, dtypes, run, firing_only=not report)
                 record.entries_s = time.perf_counter() - t_entries
                 for fp in family_passes:
                     # found before this family's rules take the nodes, recorded after them (a guard's own

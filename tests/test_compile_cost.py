@@ -89,3 +89,44 @@ def test_new_process_loads_traced_patterns_instead_of_tracing(tmp_path):
         outs.append(int(r.stdout.split()[-1]))
     assert outs[0] > 0 and outs[1] == outs[0]  # written once, then only read
 
+
+
+def test_cuda_pairs_that_cannot_fire_are_not_offered_unless_reporting():
+    """On CUDA a rule whose kernel does not take a dtype only explains near misses in it: a compile that reports
+    nothing is not offered those entries (Falcon's float32 rotary and softmax held 39% of its attempts), a report is,
+    and CPU graphs (the references take every dtype of the rule) keep them."""
+    from fusion_backend import matcher, ops, table
+
+    graph_dtypes = [(torch.bfloat16, "cuda"), (torch.float32, "cuda"), (torch.float32, "cpu")]
+    narrow = [p for p in table.all_patterns() if not ops.cuda_kernel_takes(p.op, torch.float32)
+              and torch.float32 in p.dtypes]
+    assert any(p.id.startswith("decode.") for p in narrow)
+    for p in narrow:
+        every = matcher.rule_pairs(p, graph_dtypes)
+        firing = matcher.rule_pairs(p, graph_dtypes, firing_only=True)
+        assert (torch.float32, "cuda") in every and (torch.float32, "cuda") not in firing, p.id
+        assert [x for x in every if x != (torch.float32, "cuda")] == firing, p.id
+
+
+def test_prechecked_pattern_fails_early_and_matches_the_same():
+    """The check before Inductor's matcher (the ops the anchor's inputs come from) rejects only what the pattern
+    itself rejects."""
+    from torch._inductor import pattern_matcher as pm
+
+    from fusion_backend.matcher import Prechecked
+
+    aten = torch.ops.aten
+    pattern = pm.CallFunction(aten.mul.Tensor, pm.CallFunction(aten.add.Tensor, pm.KeywordArg("a"), pm.KeywordArg("b")),
+                              pm.KeywordArg("c"))
+    checked = Prechecked.of(pattern)
+    assert isinstance(checked, Prechecked) and Prechecked.of(pm.KeywordArg("a")) is not None
+    g = torch.fx.Graph()
+    x, y, z = (g.placeholder(n) for n in "xyz")
+    def add():  # one user each: the pattern's inner node may not be shared
+        return g.call_function(aten.add.Tensor, (x, y))
+    nodes = [g.call_function(aten.mul.Tensor, (add(), z)),
+             g.call_function(aten.mul.Tensor, (g.call_function(aten.sub.Tensor, (x, y)), z)),
+             g.call_function(aten.mul.Tensor, (z, add())), g.call_function(aten.mul.Tensor, (add(), z, z))]
+    got = [pm.is_match(checked.match(n)) for n in nodes]
+    assert got == [pm.is_match(pattern.match(n)) for n in nodes] == [True, False, False, False]
+    assert checked.fns == pattern.fns  # the rest of the interface is the pattern's

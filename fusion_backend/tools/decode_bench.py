@@ -489,6 +489,20 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def warm_up(device: str, dtypes: set[torch.dtype], log: bool = True) -> None:
+    """What would otherwise land in the first compile timed: Inductor's one-time start-up (compile workers, code
+    cache), and on a GPU fusekit's tracing of its rules for `dtypes` (the install does it: python -m
+    fusion_backend.build)."""
+    torch.compile(lambda x: (x * 2).sin())(torch.randn(8, device=device))
+    torch._dynamo.reset()
+    if torch.device(device).type == "cuda":
+        t_trace = time.time()
+        build.trace_patterns(["cuda"], dtypes)
+        if log:
+            print(f"fusekit's rules for {', '.join(str(d)[6:] for d in sorted(dtypes, key=str))} traced or loaded in "
+                  f"{time.time() - t_trace:.0f} s", flush=True)
+
+
 def bench(names: list[str], out: pathlib.Path, device: str | None = None, batches: tuple[int, ...] | None = None,
           positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None,
           gen_caches: tuple[int | None, ...] | None = None, enable: tuple[str, ...] = (),
@@ -511,16 +525,7 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
           f"batches {batches}; positions {positions} of {cache_len}", flush=True)
     results: list[dict] = []
     gens: list[dict] = []
-    # Inductor's one-time start-up (compile workers, code cache) would otherwise land in the first compile timed,
-    # and fusekit's tracing of its rules (which the install does: python -m fusion_backend.build) in fusekit's
-    torch.compile(lambda x: (x * 2).sin())(torch.randn(8, device=device))
-    torch._dynamo.reset()
-    if device == "cuda":
-        t_trace = time.time()
-        dts = {models.MODELS[n].dtype for n in names}
-        build.trace_patterns(["cuda"], dts)
-        print(f"fusekit's rules for {', '.join(str(d)[6:] for d in sorted(dts, key=str))} traced or loaded in "
-              f"{time.time() - t_trace:.0f} s", flush=True)
+    warm_up(device, {models.MODELS[n].dtype for n in names})
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .. import collectives
 from . import models
 from .cuda_graphs import capture
-from .decode_bench import Prompt, Step, _compile, copy_bandwidth, first_call, step_sites
+from .decode_bench import Prompt, Step, _compile, copy_bandwidth, first_call, step_sites, warm_up
 
 BACKENDS = ("inductor", "fusekit")
 WITHOUT = "fusekit without "  # an ablation's backend: fusekit with one rule off (--ablate)
@@ -152,6 +152,7 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         init_rank(rank, world, port, "gloo" if cpu else "nccl")
     try:
         bw = None if cpu else copy_bandwidth(device)
+        warm_up(device, {getattr(torch, desc["dtype"]) for _, desc, _ in jobs}, log=rank == 0)
         results = []
         for name, desc, path in jobs:
             for phase, b in [(p, b) for p, bs in batches.items() for b in bs]:
