@@ -9,6 +9,7 @@ walks the graph from its outputs, so a chain also wins over a rule for its prefi
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -79,17 +80,19 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, veri
     binds them to its run (guards.bind)."""
     p = table.by_id(pattern_id)
     form = forms.search_forms(p, dtype, device)[i]
-    store = pm.PatternMatcherPass()
+    # a plain dict, not a PatternMatcherPass: register_replacement would pretty-print the pattern to find duplicates in
+    # it (most of the entries' making time), and a store that holds one form has none
+    store: collections.defaultdict = collections.defaultdict(list)
     pm.register_replacement(p.search_fn(), _replacement_fn(p, tracing.inverse_fns(form.inverse),
                                                            {"out_dtype": torch.float32} if form.cast else {}, verify),
                             list(p.inputs(p.trace_case, dtype, device)), pm.fwd_only, [store],
                             scalar_workaround=tracing._dummy_scalars(p), search_fn_pattern=form.expr,
-                            skip_duplicates=True, **({"extra_check": _returned} if form.cast else {}))
+                            **({"extra_check": _returned} if form.cast else {}))
     order = table.position(pattern_id)
-    out = tuple(Entry(key, e, pattern_id, order, tracing._size(e.pattern), *form.needs)
-                for key, es in store.patterns.items() for e in es)
-    for e in out:
-        e.entry.pattern = Prechecked.of(e.entry.pattern)
+    size = {id(e): tracing._size(e.pattern) for es in store.values() for e in es}  # (one entry under several keys)
+    out = tuple(Entry(key, e, pattern_id, order, size[id(e)], *form.needs) for key, es in store.items() for e in es)
+    for e in {id(e.entry): e.entry for e in out}.values():
+        e.pattern = Prechecked.of(e.pattern)
     return out
 
 

@@ -98,12 +98,19 @@ def _relaxed(expr: Any) -> Any:
     return _map_dag(expr, lambda e, args, kwargs: pm.CallFunction(e.fns, *args, _users=pm.MULTIPLE, **kwargs))
 
 
-def _size(expr: Any) -> int:
+def _size(expr: Any, memo: dict[int, int] | None = None) -> int:
+    """Calls in `expr` counted as a tree (a shared sub-pattern once per use), each sub-pattern's count made once."""
+    memo = {} if memo is None else memo
+    if id(expr) in memo:
+        return memo[id(expr)]
     if isinstance(expr, pm.MultiOutputPattern):
-        return sum(map(_size, expr.outputs))
-    if isinstance(expr, pm.CallFunction):
-        return 1 + sum(map(_size, (*expr.args, *expr.kwargs.values())))
-    return 0
+        n = sum(_size(e, memo) for e in expr.outputs)
+    elif isinstance(expr, pm.CallFunction):
+        n = 1 + sum(_size(e, memo) for e in (*expr.args, *expr.kwargs.values()))
+    else:
+        n = 0
+    memo[id(expr)] = n
+    return n
 
 
 def _keyword_names(expr: Any) -> set[str]:
