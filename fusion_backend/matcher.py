@@ -89,9 +89,10 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, veri
                             scalar_workaround=tracing._dummy_scalars(p), search_fn_pattern=form.expr,
                             **({"extra_check": _returned} if form.cast else {}))
     order = table.position(pattern_id)
-    size = {id(e): tracing._size(e.pattern) for es in store.values() for e in es}  # (one entry under several keys)
+    unique = {id(e): e for es in store.values() for e in es}  # (one entry under several keys)
+    size = {i: tracing._size(e.pattern) for i, e in unique.items()}
     out = tuple(Entry(key, e, pattern_id, order, size[id(e)], *form.needs) for key, es in store.items() for e in es)
-    for e in {id(e.entry): e.entry for e in out}.values():
+    for e in unique.values():
         e.pattern = Prechecked.of(e.pattern)
     return out
 

@@ -152,7 +152,8 @@ def _rank(rank: int, world: int, port: int, jobs: list[tuple[str, dict, str]], b
         init_rank(rank, world, port, "gloo" if cpu else "nccl")
     try:
         bw = None if cpu else copy_bandwidth(device)
-        warm_up(device, {getattr(torch, desc["dtype"]) for _, desc, _ in jobs}, log=rank == 0)
+        if not cpu:  # (nothing is timed on CPU)
+            warm_up(device, {getattr(torch, desc["dtype"]) for _, desc, _ in jobs}, log=rank == 0)
         results = []
         for name, desc, path in jobs:
             for phase, b in [(p, b) for p, bs in batches.items() for b in bs]:
