@@ -5,13 +5,16 @@ measured copy bandwidth. With --int8-weights, the one-weight linears as torchao'
 (`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
 cuBLAS on the 16-bit weight beside them (column bf16); with --fp8, as torchao's float8 dynamic per-row linears
 (`decode_gemm.linear_fp8*`, written as torchao writes them: x quantized per row, aten._scaled_mm), the op also with
-FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one). Every weight is read cold, as in a step whose weights do not
+FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one); with --int8-dynamic, as
+torchao's int8 dynamic-activation int8-weight linears (`decode_gemm.linear_w8a8*`: x quantized per row by Inductor in
+both, then aten._int_mm and its scales' kernel, or the op; "op" is the op alone on an x quantized beforehand; eager
+and Inductor fail below 17 rows, where aten._int_mm refuses, and show as "-"). Every weight is read cold, as in a step whose weights do not
 fit in L2: each timed function runs over R weight sets (R x the weight bytes >= 256 MB) in one CUDA graph of R
 calls, the per-call time is a replay's time / R (median of --reps replays), and eager, Inductor and fusekit take
 turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
     python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,32,64] [--models llama,qwen2] [--linears q+k+v,o]
-                                           [--int8-weights | --fp8]
+                                           [--int8-weights | --fp8 | --int8-dynamic]
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ import torch
 from fusion_backend.tools.cuda_graphs import capture, environment
 from fusion_backend import stats, table
 from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, _fp8_scaled_mm,  # the table's references
-                                                 decode_linear_ref, decode_linear_w8_ref, decode_qkv_ref)
+                                                 decode_linear_ref, decode_linear_w8_ref, decode_linear_w8a8_ref,
+                                                 decode_qkv_ref)
+from fusion_backend.tools.decode_bench import _int_mm_rows_padded
 from fusion_backend.tools.models import MODELS
 
 MB = 2**20
@@ -58,8 +63,38 @@ def quantized_linears(spec, quant: str) -> list[tuple[str, int, tuple[int, ...],
             if kind in ("plain", "silu_mul")]
 
 
+def _i8_dyn_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao 0.18's per-row int8 activation quantization (Int8DynamicActivationInt8WeightConfig): max(-min, max)
+    / 127.5 in x's dtype, clamped to float32's eps, x * (1 / scale) rounded."""
+    mn, mx = torch.amin(x, -1, keepdim=True), torch.amax(x, -1, keepdim=True)
+    mx = torch.max(-torch.min(mn, torch.zeros_like(mn)), torch.max(mx, torch.zeros_like(mx)))
+    s = torch.clamp((mx / 127.5).float(), min=torch.finfo(torch.float32).eps).to(x.dtype).float()
+    return torch.clamp(torch.round(x * (1.0 / s)), -128, 127).to(torch.int8), s
+
+
+def _int8_dynamic_linear(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """torchao's int8 dynamic linear: x quantized per row, then the w8a8 rule's reference."""
+    xq, xs = _i8_dyn_rows(x)
+    return decode_linear_w8a8_ref(xq, xs, w, ws, x.dtype)
+
+
+def _w8a8_op():
+    """The op alone, on x quantized once beforehand (per x)."""
+    quantized: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def op(x, w, ws):
+        if id(x) not in quantized:
+            quantized[id(x)] = (x, *_i8_dyn_rows(x))
+        _, xq, xs = quantized[id(x)]
+        return torch.ops.fusekit.decode_linear_w8a8(xq, xs, w, ws, x.dtype)
+
+    return op
+
+
 def reference_and_op(kind: str):
     """(the rule's reference, the op called directly) for a linear of `kind`, both taking (x, *weights)."""
+    if kind == "w8a8":  # (x, int8 w, float32 scales)
+        return _int8_dynamic_linear, _w8a8_op()
     if kind == "w8":  # (x, int8 w, scales)
         return decode_linear_w8_ref, torch.ops.fusekit.decode_linear_w8
     if kind == "fp8":  # (x, e4m3 w, w_scale): torchao's spelling, aten._scaled_mm, as Inductor gets it
@@ -100,6 +135,8 @@ def weight_set(kind: str, k: int, ns: tuple[int, ...], dtype: torch.dtype) -> li
     if kind in ("w8", "fp8"):  # the rule's own test inputs: (x, w, scales)
         rule = "decode_gemm.linear_w8_2d" if kind == "w8" else "decode_gemm.linear_fp8_2d"
         return list(table.by_id(rule).make_args((1, k, ns[0]), dtype, "cuda")[1:])
+    if kind == "w8a8":  # the rule's test inputs (xq, xs, w, ws): w and ws
+        return list(table.by_id("decode_gemm.linear_w8a8_bfloat16_2d").make_args((1, k, ns[0]), torch.int8, "cuda")[2:])
     return [torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5 for n in ns] + \
         ([torch.randn(ns[0], device="cuda", dtype=dtype)] if kind.startswith("bias") else [])
 
@@ -114,7 +151,7 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
             if (k, ns, kind) in seen or (only and name not in only):
                 continue
             seen.add((k, ns, kind))
-            wbytes = sum(ns) * k * (1 if quant else 2)
+            wbytes = sum(ns) * k * (1 if quant else 2)  # 8-bit weights: one byte each
             sets = max(2, min(64, math.ceil(256 * MB / wbytes)))
             ws = [weight_set(kind, k, ns, dtype) for _ in range(sets)]
             # cuBLAS on the 16-bit weights, beside an 8-bit linear
@@ -140,7 +177,14 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                 with stats.collect() as records:
                     fk(x, *ws[0])
                 sites = sum(sum(r.sites.values()) for r in records)
-                got, want = fns["op"](0), ref(x, *ws[0])
+                for key in ("eager", "inductor"):  # aten._int_mm refuses 16 rows or fewer: no time for them
+                    try:
+                        fns[key](0)
+                    except RuntimeError as e:
+                        print(f"    {key} fails at {m} rows: {str(e).splitlines()[0][:120]}", flush=True)
+                        del fns[key]
+                with _int_mm_rows_padded():
+                    got, want = fns["op"](0), ref(x, *ws[0])
                 err = max((a.float() - b.float()).abs().max().item() for a, b in
                           zip(*(o if isinstance(o, (tuple, list)) else (o,) for o in (got, want))))
                 times = {key: [] for key in fns}
@@ -149,18 +193,27 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                         times[key].append(graph_time(f, sets, reps))
                 row = {"model": spec.name, "linear": name, "K": k, "N": "+".join(map(str, ns)), "kind": kind,
                        "rows": m, "weight_MB": wbytes / MB, "sites": sites, "max_abs_diff_vs_eager": err,
+                       "eager_ms": None, "inductor_ms": None,
                        **{f"{key}_ms": statistics.median(v) for key, v in times.items()},
                        "floor_ms": wbytes / bw / 1e6}
                 out.append(row)
-                print(f"{spec.name:6s} {name:8s} K={k:5d} N={row['N']:>14s} rows={m:3d}: eager {row['eager_ms'] * 1e3:7.1f} us, "
-                      f"inductor {row['inductor_ms'] * 1e3:7.1f}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
+                print(f"{spec.name:6s} {name:8s} K={k:5d} N={row['N']:>14s} rows={m:3d}: eager {_us(row['eager_ms'])} us, "
+                      f"inductor {_us(row['inductor_ms'])}, fusekit {row['fusekit_ms'] * 1e3:7.1f} ({sites} site), "
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
                       + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "")
                       + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "") +
-                      f"op/inductor {row['inductor_ms'] / row['op_ms']:.2f}x", flush=True)
+                      f"op/inductor {_ratio(row['inductor_ms'], row['op_ms'])}", flush=True)
             del ws, w16
     return out
+
+
+def _us(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms * 1e3:.1f}"
+
+
+def _ratio(a: float | None, b: float) -> str:
+    return "-" if a is None else f"{a / b:.2f}x"
 
 
 def markdown(rows: list[dict], device: str) -> str:
@@ -181,8 +234,9 @@ def markdown(rows: list[dict], device: str) -> str:
         bf16 = f"{r['bf16_ms'] * 1e3:.1f}" if "bf16_ms" in r else "-"
         mma = f"{r['mma_ms'] * 1e3:.1f}" if "mma_ms" in r else "-"
         lines.append(f"| {r['model']} | {r['linear']} | {r['kind']} | {r['K']}x{r['N']} | {r['rows']} | "
-                     f"{r['eager_ms'] * 1e3:.1f} | {r['inductor_ms'] * 1e3:.1f} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
-                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | {r['inductor_ms'] / r['op_ms']:.2f}x | "
+                     f"{_us(r['eager_ms'])} | {_us(r['inductor_ms'])} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
+                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | "
+                     f"{_ratio(r['inductor_ms'], r['op_ms'])} | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"
 
@@ -197,7 +251,8 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     counts = sorted({r["rows"] for r in rows})
     width = 0.8 / len(counts)
     for j, m in enumerate(counts):
-        ys = [next((r["inductor_ms"] / r["op_ms"] for r in rows if (r["model"], r["linear"]) == key and r["rows"] == m), 0)
+        ys = [next(((r["inductor_ms"] or 0) / r["op_ms"] for r in rows if (r["model"], r["linear"]) == key
+                    and r["rows"] == m), 0)
               for key in keys]
         ax.bar([i + j * width for i in range(len(keys))], ys, width, label=f"{m} rows")
     ax.axhline(1.0, color="k", lw=0.8)
@@ -218,11 +273,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--int8-weights", action="store_true", help="the one-weight linears as int8 weight-only (w8a16)")
     ap.add_argument("--fp8", action="store_true", help="the one-weight linears as float8 dynamic per-row (torchao's)")
+    ap.add_argument("--int8-dynamic", action="store_true", help="the one-weight linears as int8 dynamic activation + "
+                                                                 "int8 weight (torchao's)")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps,
-               set(a.linears.split(",")) if a.linears else None, quant="w8" if a.int8_weights else "fp8" if a.fp8 else "")
+               set(a.linears.split(",")) if a.linears else None, quant="w8" if a.int8_weights else "fp8" if a.fp8 else "w8a8" if a.int8_dynamic else "")
     device = torch.cuda.get_device_name()
     (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     (out / "decode_gemm.md").write_text(markdown(rows, device))

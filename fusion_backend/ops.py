@@ -85,6 +85,10 @@ OPS = {
     # an int8 weight-only linear (w8a16) of a few rows: x [..., K] @ w.to(x.dtype)[N, K]^T * scales [N], rounded once
     # (aten._weight_int8pack_mm's contract; torchao's Int8WeightOnlyConfig)
     "decode_linear_w8": OpSpec("decode_linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor", cuda_dtypes=HALF),
+    # int8 x (its float32 row scales xs) against an int8 weight (float32 scales ws): ((xq @ w.T) * xs).to(dtype) * ws,
+    # rounded to dtype (float16 or bfloat16)
+    "decode_linear_w8a8": OpSpec("decode_linear_w8a8(Tensor xq, Tensor xs, Tensor w, Tensor ws, ScalarType dtype) "
+                                 "-> Tensor"),
     # a float8 dynamic per-row linear of a few rows, x's quantization included: x [..., K] quantized per row to e4m3
     # (scale max|x| / 448), @ w[N, K]^T (e4m3), times both scales (w_scale [N, 1] float32); torchao's
     # Float8DynamicActivationFloat8WeightConfig(PerRow) as aten._scaled_mm computes it
@@ -294,6 +298,18 @@ def _(x, wq, wk, wv, bq=None, bk=None, bv=None):
                      lambda: f"decode_qkv: want x [..., K], w [N, K], b None or [N]; got {tuple(x.shape)}, "
                              f"{tuple(w.shape)}, {None if b is None else tuple(b.shape)}")
     return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_linear_w8a8")
+def _(xq, xs, w, ws, dtype):
+    torch._check(xq.dtype == torch.int8 and w.dtype == torch.int8 and w.dim() == 2 and xq.shape[-1] == w.shape[1],
+                 lambda: f"decode_linear_w8a8: want xq int8 [..., K], w int8 [N, K]; got {xq.dtype} {tuple(xq.shape)}, "
+                         f"{w.dtype} {tuple(w.shape)}")
+    torch._check(xs.dtype == torch.float32 and ws.dtype == torch.float32 and ws.numel() == w.shape[0],
+                 lambda: f"decode_linear_w8a8: want float32 scales xs [..., 1], ws [N]; got {xs.dtype} "
+                         f"{tuple(xs.shape)}, {ws.dtype} {tuple(ws.shape)}")
+    torch._check(dtype in (torch.float16, torch.bfloat16), lambda: f"decode_linear_w8a8: dtype {dtype}")
+    return xq.new_empty((*xq.shape[:-1], w.shape[0]), dtype=dtype)  # contiguous
 
 
 @torch.library.register_fake("fusekit::decode_linear_w8")

@@ -27,7 +27,7 @@ aten = torch.ops.aten
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # Tolerance against the same-dtype eager reference: (atol, rtol). Used by options={"verify": True}.
 DEFAULT_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2)}
-EXACT = {dt: (0.0, 0.0) for dt in FLOATS}
+EXACT = {dt: (0.0, 0.0) for dt in (*FLOATS, torch.int8)}  # int8: rules whose first tensor is int8
 
 
 def rand(shape: Sequence[int], dtype: torch.dtype, device: Any, scale: float = 1.0) -> Tensor:

@@ -41,17 +41,18 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
 from fusion_backend import guards as G
-from fusion_backend.registry import Fixtures, Pattern, rand
+from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.OPS: the CUDA kernels take 16 bits)
 # Rows (batch x new tokens) up to which a rule fires. Where the decode GEMMs' TMA kernel runs (sm_90a builds:
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32, "linear_w8a8": 32}
 # fp8: the TMA kernel beats Inductor's quantization + aten._scaled_mm at 64 rows too (H200, op alone, Llama-style:
 # q 1.26x, gate 1.05x, down 1.57x); the mma.sync kernels at 64 were 0.55-1.13x.
-MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64}
+MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64,
+                "linear_w8a8": 32}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weight)
 
@@ -84,6 +85,29 @@ def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     decomposition writes x [1, K] @ w.T as (x[:, :, None] * w.T[None]).sum(1) in float32, the weight's int8 -> 16-bit
     -> float32 casts folded into one (as an H200's post-grad graph of torch 2.11 shows it)."""
     return (x.float().unsqueeze(2) * w.t().float().unsqueeze(0)).sum(1).to(x.dtype) * scales
+
+
+def decode_linear_w8a8_ref(xq: Tensor, xs: Tensor, w: Tensor, ws: Tensor,
+                           dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """An int8 x int8 linear after x's per-row quantization, as torchao 0.18's Int8DynamicActivationInt8WeightConfig
+    leaves it in a CUDA graph (Int8Tensor's linear: int_scaled_matmul, then the weight's scales): xq int8 [..., K]
+    and its float32 row scales xs [..., 1], w int8 [N, K] and its float32 scales ws [N, 1]. The int32 products
+    times xs, rounded to `dtype`; times ws, rounded again (torchao's two casts)."""
+    rows = xq.reshape(-1, xq.shape[-1])
+    y = (torch._int_mm(rows, w.t()) * xs.reshape(-1, 1).expand(rows.shape[0], w.shape[0])).to(dtype)
+    return (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1]).to(dtype)
+
+
+def _w8a8_int_mm_cpu(dtype: torch.dtype):
+    """The same linear as torchao spells it on a CPU (_int_scaled_matmul_cpu's s8s8 form, taken where AVX512-VNNI
+    without AMX does not pick its u8s8 one): the int32 products cast to float32 first, xs not expanded; equal values,
+    float32(int32) * xs either way."""
+    def w8a8_int_mm_cpu(xq: Tensor, xs: Tensor, w: Tensor, ws: Tensor) -> Tensor:
+        rows = xq.reshape(-1, xq.shape[-1])
+        y = (torch._int_mm(rows, w.t()).to(xs.dtype) * xs.reshape(-1, 1)).to(dtype)
+        return (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1]).to(dtype)
+
+    return w8a8_int_mm_cpu
 
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -450,6 +474,54 @@ def _w8_rule(rank: int) -> Pattern:
     )
 
 
+def int8_operands(xq: str, xs: str, w: str, ws: str) -> G.Guard:
+    """Can fire: static sizes; xq an int8 [..., K] of contiguous rows, K a positive multiple of 16 (a lane reads 16
+    of each row at once); xs its float32 row scales (one per row, contiguous); w a contiguous int8 [N, K]; ws its
+    float32 scales (N contiguous values); xq and w 16-byte aligned."""
+    def check(s: G.Site) -> str | None:
+        tq, tx, tw, tws = (s.tensor(n) for n in (xq, xs, w, ws))
+        sizes = [v for t in (tq, tx, tw, tws) for v in (*t.shape, *t.stride(), t.storage_offset())]
+        if not all(isinstance(v, int) for v in sizes):
+            return "symbolic sizes or strides"
+        k = tq.shape[-1]
+        if tq.dtype != torch.int8 or tq.dim() < 2 or not tq.is_contiguous() or k == 0 or k % 16:
+            return f"{xq} {tq.dtype} {tuple(tq.shape)} must be contiguous int8 rows with K a multiple of 16"
+        if tw.dtype != torch.int8 or tw.dim() != 2 or tw.shape[1] != k or not tw.is_contiguous():
+            return f"{w} {tw.dtype} {tuple(tw.shape)} is not a contiguous int8 [N, {k}] weight"
+        for name, t, n in ((xs, tx, tq.numel() // k), (ws, tws, tw.shape[0])):
+            if t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous():
+                return f"{name} {t.dtype} {tuple(t.shape)} is not {n} contiguous float32 scales"
+        if tq.storage_offset() % 16 or tw.storage_offset() % 16:
+            return f"{xq} or {w} does not start on 16 bytes"
+        return None
+
+    return G.Guard(f"int8_operands({xq}, {xs}, {w}, {ws})", check)
+
+
+def _w8a8_inputs(case, dt, dev):
+    """xq, xs, w, ws for case (*rows, K, N); `dt` is the rule's first-tensor dtype (int8)."""
+    *rows, k, n = case
+    return (torch.randint(-128, 128, (*rows, k), device=dev, dtype=torch.int8),
+            (torch.rand(*rows, 1, device=dev) * 0.05 + 1e-3).to(torch.bfloat16).float(),  # torchao's: bf16-valued
+            torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8),
+            torch.rand(n, 1, device=dev) * 1e-3 / k ** 0.5 + 1e-5)
+
+
+def _w8a8_rule(rank: int, out: torch.dtype) -> Pattern:
+    """torchao's int8 dynamic-activation int8-weight linear of a decode step (x already quantized, by Inductor's
+    kernel): the int8 products and both scales in one launch (Inductor: aten._int_mm, then an epilogue kernel)."""
+    trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
+    return Pattern(
+        f"decode_gemm.linear_w8a8_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
+        op="decode_linear_w8a8", static={"dtype": out}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
+        trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
+        guards=(int8_operands("xq", "xs", "w", "ws"), few_rows("xq", "linear_w8a8")),
+        fixtures=Fixtures(
+            cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
+            bad_layout=lambda dt, dev: _w8a8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
 def _fp8_weight(n: int, k: int, dev) -> tuple[Tensor, Tensor]:
     """An e4m3 [n, k] weight spread over e4m3's range as torchao's are (clamped: past 464 the cast gives NaN), and
     its float32 [n, 1] scales."""
@@ -548,6 +620,9 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
             _w8_rule(3), _w8_rule(2),
+            # int8 dynamic activation + int8 weight (torchao's Int8DynamicActivationInt8WeightConfig): aten._int_mm
+            # and the scales' epilogue, x's quantization left to Inductor
+            *[_w8a8_rule(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
             # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm;
             # gate/up and q/k/v of one x before the one-weight linear
             _fp8_gate_up_rule(3, "silu_mul"), _fp8_gate_up_rule(2, "silu_mul"),

@@ -55,8 +55,18 @@ def _case(p, n):
     return (n, 1) if p.op == "quant_i8_channel" else (n,)
 
 
+def _eager(p, args):
+    """The reference on `args`; on the CPU where CUDA has no kernel for them (aten._int_mm below 17 rows)."""
+    try:
+        return p.eager(*args)
+    except RuntimeError:
+        on_cpu = p.eager(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+        dev = next(a.device for a in args if isinstance(a, torch.Tensor))
+        return tuple(r.to(dev) for r in on_cpu) if isinstance(on_cpu, tuple) else on_cpu.to(dev)
+
+
 def _check(p, args, out):
-    refs = p.eager(*args)
+    refs = _eager(p, args)
     outs, refs = (out, refs) if isinstance(refs, tuple) else ((out,), (refs,))
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert o.shape == r.shape and o.dtype == r.dtype, (o.shape, r.shape, o.dtype, r.dtype)
@@ -118,7 +128,7 @@ def test_shaped_kernel_matches_reference(p, dtype, case):
     out = _run(p, args)
     torch.cuda.synchronize()
     _check(p, args, out)
-    refs = p.eager(*args)
+    refs = _eager(p, args)
     for o, ref in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (out, refs))):
         dead = ref.isnan() | (ref == 0).all(-1, keepdim=True)  # fully masked rows: exactly as the reference
         assert torch.equal(o[dead.expand_as(o)].nan_to_num(7.0), ref[dead.expand_as(ref)].nan_to_num(7.0))
@@ -687,6 +697,62 @@ def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
                               (x, w, s[:8], "scales must be a contiguous")):
         with pytest.raises(RuntimeError, match=match):
             torch.ops.fusekit.decode_linear_w8(xx.contiguous(), ww, ss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_linear_w8a8_rows_graphs_torchao_and_bad_calls(dtype):
+    """decode_linear_w8a8 (torchao's int8 dynamic linear after x's quantization): eager's output to the bit (exact int32
+    sums, both roundings) at rows over one, two and four 16-row tiles and past the rule's 64, K and N tails, and
+    sums past 2^24 (float32(int32) rounds as eager's cast does); inside a CUDA graph; a torchao-quantized stack
+    compiled fires at every linear, at 1 row (where aten._int_mm refuses: eager through padded rows) and 32, within
+    the 2x rule of Inductor's error; bad calls raise fusekit errors."""
+    from fusion_backend.tools.decode_bench import _int_mm_rows_padded
+
+    p, op = table.by_id(f"decode_gemm.linear_w8a8_{str(dtype)[6:]}_2d"), torch.ops.fusekit.decode_linear_w8a8
+    for m in (1, 8, 16, 17, 33, 64, 70):
+        for k, n in ((80, 200), (2048, 5632), (5632, 2048)):
+            args = p.make_args((m, k, n), torch.int8, "cuda")
+            _check(p, args, _run(p, args))
+    big = [torch.full((3, 8192), -128, device="cuda", dtype=torch.int8), torch.rand(3, 1, device="cuda"),
+           torch.full((24, 8192), -127, device="cuda", dtype=torch.int8), torch.rand(24, 1, device="cuda")]
+    big[2][::2] = 127
+    _check(p, big, _run(p, big))
+    args = p.make_args((5, 1024, 136), torch.int8, "cuda")
+    g, got = capture_output(lambda: _run(p, args))
+    args[0].copy_(torch.randint_like(args[0], -128, 128))  # replayed on new rows
+    g.replay()
+    torch.cuda.synchronize()
+    _check(p, args, got)
+    xq, xs, w, ws = args
+    for bad, match in (((xq[:, :1000].contiguous(), xs, w[:, :1000].contiguous(), ws, dtype), "multiple of 16"),
+                       ((xq.float(), xs, w, ws, dtype), "xq must be contiguous"),
+                       ((xq, xs, w.t().contiguous().t(), ws, dtype), "w must be a contiguous"),
+                       ((xq, xs[:2], w, ws, dtype), "xs must be 5"),
+                       ((xq, xs, w, ws.to(dtype), dtype), "ws must be 136"),
+                       ((xq, xs, w, ws, torch.float32), "float16 or bfloat16")):
+        with pytest.raises(RuntimeError, match=match):
+            op(*bad)
+    torchao = pytest.importorskip("torchao.quantization")
+    import fusion_backend
+
+    for rows in (1, 32):
+        torch.manual_seed(rows)
+        model = torch.nn.Sequential(*(torch.nn.Linear(k, n, bias=False) for k, n in ((2048, 5632), (5632, 2048),
+                                                                                     (2048, 2048)))).to("cuda", dtype)
+        torchao.quantize_(model, torchao.Int8DynamicActivationInt8WeightConfig())
+        x = torch.randn(rows, 1, 2048, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            with _int_mm_rows_padded():
+                want = model(x)
+            rep = fusion_backend.explain(model, x)
+            assert rep.sites[f"decode_gemm.linear_w8a8_{str(dtype)[6:]}"] == 3, str(rep)
+            err = (rep.output.float() - want.float()).abs().max().item()
+            if rows > 16:  # Inductor's aten._int_mm runs
+                torch._dynamo.reset()
+                err_ind = (torch.compile(model)(x).float() - want.float()).abs().max().item()
+                assert err <= 2 * err_ind + 1e-3 * want.float().abs().max().item(), (err, err_ind)
+            else:
+                assert err <= 2e-2 * want.float().abs().max().item(), err
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

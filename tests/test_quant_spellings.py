@@ -1,6 +1,7 @@
 """Quantization as users write it by hand, inside small models: the spellings without an epsilon or a zero point fire
 the quantize rules (a site per layer) with eager's output to the bit, those whose math differs do not fire, and
-torchao's Int8DynamicActivationInt8WeightConfig activation quantization (another scale formula) is left to Inductor."""
+torchao's Int8DynamicActivationInt8WeightConfig activation quantization (another scale formula) is left to Inductor
+while its int8 GEMMs fire decode_gemm.linear_w8a8."""
 import pytest
 import torch
 
@@ -96,18 +97,36 @@ def test_hand_written_fp8_and_symmetric_weights_fire():
     assert_same(rep.output[1:], want[1:])
 
 
-def test_torchao_int8_dynamic_activation_is_not_dyn_quant_i8():
+def test_torchao_int8_dynamic_linears_fire_and_x_stays_inductors():
     """torchao 0.18's Int8DynamicActivationInt8WeightConfig quantizes activations per token with another formula
-    (scale = max(-min(x), max(x)) / 127.5, clamped to float32's eps, x * (1 / scale)): no quantize rule takes it,
-    and the compiled model equals Inductor's. Skipped without torchao."""
+    (scale = max(-min(x), max(x)) / 127.5, clamped to float32's eps, x * (1 / scale)): no quantize rule takes it
+    (Inductor quantizes x). Each 16-bit linear's int8 GEMM and scales fire decode_gemm.linear_w8a8 (float32: nothing
+    fires, the graph is Inductor's to the bit); on eager's own quantized x the op equals torchao's eager linear to
+    the bit; the compiled model's error against eager within 2x of Inductor's. Skipped without torchao."""
     pytest.importorskip("torchao")
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    from torchao.quantization.quantize_.common import _choose_quant_func_and_quantize_tensor
 
-    for dt in (torch.float32, torch.bfloat16):
+    torch.manual_seed(0)
+    for dt, shape in ((torch.float32, (3, 64)), (torch.bfloat16, (3, 64)), (torch.bfloat16, (2, 1, 64)),
+                      (torch.float16, (3, 64))):
         m = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False), torch.nn.Linear(48, 32, bias=False)).to(dt)
         quantize_(m, Int8DynamicActivationInt8WeightConfig())
-        x = torch.randn(3, 64, dtype=dt)
+        x = torch.randn(*shape, dtype=dt)
         rep = explain(m, x)
         assert sum(n for pid, n in rep.sites.items() if pid.startswith("quantize.")) == 0, str(rep)
+        fired = sum(n for pid, n in rep.sites.items() if pid.startswith("decode_gemm.linear_w8a8"))
         torch._dynamo.reset()
-        torch.testing.assert_close(rep.output, torch.compile(m, backend="inductor")(x), atol=0, rtol=0)
+        ind = torch.compile(m, backend="inductor")(x)
+        if dt == torch.float32:
+            assert fired == 0, str(rep)
+            torch.testing.assert_close(rep.output, ind, atol=0, rtol=0)
+            continue
+        assert fired == 2, str(rep)
+        want = m(x)
+        err, err_ind = ((o.float() - want.float()).abs().max().item() for o in (rep.output, ind))
+        assert err <= 2 * err_ind + 2 ** -8 * want.float().abs().max().item(), (err, err_ind)
+        w = m[0].weight
+        xq = _choose_quant_func_and_quantize_tensor(x, w.act_quant_kwargs)
+        got = torch.ops.fusekit.decode_linear_w8a8(xq.qdata, xq.scale.float(), w.qdata, w.scale, dt)
+        assert torch.equal(got, m[0](x))

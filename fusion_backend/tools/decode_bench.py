@@ -9,6 +9,7 @@ The cache is filled with random rows up to its end, so one compiled step serves 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import statistics
@@ -88,6 +89,24 @@ class ModelCannotRun(Exception):
     """The model's own eager step failed (not a backend's compile): e.g. torchao's int8 eager path below 17 rows."""
 
 
+@contextlib.contextmanager
+def _int_mm_rows_padded():
+    """torch._int_mm with fewer than 17 rows padded to 17 (cuBLAS refuses fewer; the rows past the input are
+    dropped): torchao's int8 dynamic eager step at batch 1-16, run once to allocate the cache, never timed."""
+    int_mm = torch._int_mm
+
+    def padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if a.is_cuda and a.shape[0] <= 16:
+            return int_mm(torch.cat([a, a.new_zeros(17 - a.shape[0], a.shape[1])]), b)[: a.shape[0]]
+        return int_mm(a, b)
+
+    torch._int_mm = padded
+    try:
+        yield
+    finally:
+        torch._int_mm = int_mm
+
+
 class Step:
     """One decode step of `name` at batch `batch` against a StaticCache of `cache_len` slots."""
 
@@ -111,11 +130,19 @@ class Step:
         self.token = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to(device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.position = 0
+        self.eager_error: str | None = None  # why the model's own eager step fails (then not timed)
         with torch.no_grad():
             try:
                 self(self.model)  # allocates the cache layers
             except RuntimeError as e:
-                raise ModelCannotRun(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from e
+                self.eager_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                if not quant:
+                    raise ModelCannotRun(self.eager_error) from e
+                with _int_mm_rows_padded():  # torchao's int8 eager path below 17 rows: only to allocate the cache
+                    try:
+                        self(self.model)
+                    except RuntimeError as e2:
+                        raise ModelCannotRun(self.eager_error) from e2
             for layer in getattr(self.cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
                 for t in (layer.keys, layer.values):
                     t.normal_(0, 0.5)
@@ -284,12 +311,23 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
     logits: dict[str, torch.Tensor] = {}
     steps: dict[str, Callable[[], Any]] = {}
     fns: list[Any] = []
+    backends = [be for be in BACKENDS if not (be == "eager" and st.eager_error)]
+    if st.eager_error:
+        res["backends"]["eager"] = {"compile_s": None, "error": st.eager_error}
     with torch.no_grad():
         torch._dynamo.reset()
-        for be in BACKENDS:  # compiled side by side: Dynamo keeps one cache entry per backend
+        for be in list(backends):  # compiled side by side: Dynamo keeps one cache entry per backend
             fn = _compile(be, st.model, cpu, enable)
+            try:
+                logits[be], compile_s, rep = first_call(st, fn, positions[0], cpu)
+            except Exception as e:  # Inductor's step may fail where the model's eager one does (torchao int8)
+                if be != "inductor" or not st.eager_error:
+                    raise
+                res["backends"][be] = {"compile_s": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                backends.remove(be)
+                log(f"  {name:8s} b{batch:<3d} {be:9s} failed: {res['backends'][be]['error']}")
+                continue
             fns.append(fn)
-            logits[be], compile_s, rep = first_call(st, fn, positions[0], cpu)
             info: dict[str, Any] = {"compile_s": compile_s if be != "eager" else None}
             if be == "fusekit":
                 info.update(step_sites(rep), report=str(rep))
@@ -299,7 +337,7 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
         # and in a row timed one backend after another the drift lands on one backend.
         for p in positions:  # once at every position first: a sliding window's int turns symbolic here
             st.at(p)
-            for be in BACKENDS:
+            for be in backends:
                 steps[be]()
         graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         for p in positions:
@@ -309,7 +347,7 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
             # captured (a sliding-window layer writes in place below its window and rolls above it), so one
             # captured at another position would write outside the window's cache
             timed, graphs = dict(steps), []
-            for be in BACKENDS if not cpu else ():
+            for be in backends if not cpu else ():
                 g = capture(steps[be])
                 if g is not None:
                     timed[be + "+graph"] = g.replay
@@ -325,16 +363,17 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
             row["floor_ms"] = (wbytes + st.kv_bytes(p)) / bw * 1e3 if bw else None
         # graphs Dynamo compiled while timing (a recompile would be timed as a step): 0 expected
         res["compiled_while_timed"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
-        for be in BACKENDS:
+        for be in backends:
             log(f"  {name:8s} b{batch:<3d} {be:9s} compile {res['backends'][be]['compile_s'] or 0:5.1f} s  " + "  ".join(
                 f"@{p}: {row[be]:.3f}" + (f"/{row[be + '+graph']:.3f}g" if be + "+graph" in row else "")
                 for p, row in res["positions"].items())
                 + (f"  fused {res['backends'][be].get('sites')}" if be == "fusekit" else ""))
         del fns, steps
         torch._dynamo.reset()
-    ref = logits["inductor"]
-    res["fusekit_vs_inductor_max_abs"] = (logits["fusekit"] - ref).abs().max().item()
-    res["eager_vs_inductor_max_abs"] = (logits["eager"] - ref).abs().max().item()
+    ref = logits.get("inductor")
+    res["fusekit_vs_inductor_max_abs"] = (logits["fusekit"] - ref).abs().max().item() if ref is not None else None
+    res["eager_vs_inductor_max_abs"] = (logits["eager"] - ref).abs().max().item() \
+        if ref is not None and "eager" in logits else None
     for row in res["positions"].values():
         for mode in ("", "+graph"):
             i, f = row.get("inductor" + mode), row.get("fusekit" + mode)
@@ -446,8 +485,13 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for r in results:
         ci, cf = r["backends"]["inductor"]["compile_s"], r["backends"]["fusekit"]["compile_s"]
-        lines.append(f"| {r['model']} | {r['batch']} | {ci:.1f} | {cf:.1f} | {cf / ci:.2f}x | "
-                     f"{r['fusekit_vs_inductor_max_abs']:.2e} | {r['eager_vs_inductor_max_abs']:.2e} |")
+        lines.append(f"| {r['model']} | {r['batch']} | {f(ci, '{:.1f}')} | {f(cf, '{:.1f}')} | "
+                     f"{f(cf / ci if ci else None, '{:.2f}x')} | {f(r['fusekit_vs_inductor_max_abs'], '{:.2e}')} | "
+                     f"{f(r['eager_vs_inductor_max_abs'], '{:.2e}')} |")
+    failed = [(r, be, b["error"]) for r in results for be, b in r["backends"].items() if b.get("error")]
+    if failed:
+        lines += ["", "Backends whose step failed (not timed): " + "; ".join(
+            f"{r['model']} b{r['batch']} {be}: {err}" for r, be, err in failed) + "."]
     missed = [(r, g) for r in results for g in r["backends"]["fusekit"].get("near_misses", [])]
     if missed:
         lines += ["", "Near misses of the attention and GEMM rules (what kept a layer's site from firing; count, one "
