@@ -118,7 +118,8 @@ def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm
         traced, inverse = trace_search_pattern_and_forms(p, dtype, device, fn, pad)
         forms = [(traced, False)]
         if torch.float32 in p.output_casts and dtype != torch.float32:
-            cast = _downcast_root(traced, dtype)
+            # (an int8 rule's result: the 16-bit dtype its trace downcasts to)
+            cast = _downcast_root(traced, dtype if dtype.is_floating_point else (torch.float16, torch.bfloat16))
             if cast is not None:  # the computation without its downcast: its fp32 result written by the op
                 forms.append((cast, True))
         for form, is_cast in forms:

@@ -87,7 +87,7 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, veri
                                                            {"out_dtype": torch.float32} if form.cast else {}, verify),
                             list(p.inputs(p.trace_case, dtype, device)), pm.fwd_only, [store],
                             scalar_workaround=tracing._dummy_scalars(p), search_fn_pattern=form.expr,
-                            **({"extra_check": _returned} if form.cast else {}))
+                            **({"extra_check": _returned} if form.cast and not p.cast_any_user else {}))
     order = table.position(pattern_id)
     unique = {id(e): e for es in store.values() for e in es}  # (one entry under several keys)
     size = {i: tracing._size(e.pattern) for i, e in unique.items()}

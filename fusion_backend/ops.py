@@ -86,9 +86,9 @@ OPS = {
     # (aten._weight_int8pack_mm's contract; torchao's Int8WeightOnlyConfig)
     "decode_linear_w8": OpSpec("decode_linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor", cuda_dtypes=HALF),
     # int8 x (its float32 row scales xs) against an int8 weight (float32 scales ws): ((xq @ w.T) * xs).to(dtype) * ws,
-    # rounded to dtype (float16 or bfloat16)
-    "decode_linear_w8a8": OpSpec("decode_linear_w8a8(Tensor xq, Tensor xs, Tensor w, Tensor ws, ScalarType dtype) "
-                                 "-> Tensor"),
+    # rounded to dtype (float16 or bfloat16), or stored as out_dtype float32 unrounded
+    "decode_linear_w8a8": OpSpec("decode_linear_w8a8(Tensor xq, Tensor xs, Tensor w, Tensor ws, ScalarType dtype, "
+                                 "ScalarType? out_dtype=None) -> Tensor"),
     # a float8 dynamic per-row linear of a few rows, x's quantization included: x [..., K] quantized per row to e4m3
     # (scale max|x| / 448), @ w[N, K]^T (e4m3), times both scales (w_scale [N, 1] float32); torchao's
     # Float8DynamicActivationFloat8WeightConfig(PerRow) as aten._scaled_mm computes it
@@ -301,15 +301,16 @@ def _(x, wq, wk, wv, bq=None, bk=None, bv=None):
 
 
 @torch.library.register_fake("fusekit::decode_linear_w8a8")
-def _(xq, xs, w, ws, dtype):
+def _(xq, xs, w, ws, dtype, out_dtype=None):
     torch._check(xq.dtype == torch.int8 and w.dtype == torch.int8 and w.dim() == 2 and xq.shape[-1] == w.shape[1],
                  lambda: f"decode_linear_w8a8: want xq int8 [..., K], w int8 [N, K]; got {xq.dtype} {tuple(xq.shape)}, "
                          f"{w.dtype} {tuple(w.shape)}")
     torch._check(xs.dtype == torch.float32 and ws.dtype == torch.float32 and ws.numel() == w.shape[0],
                  lambda: f"decode_linear_w8a8: want float32 scales xs [..., 1], ws [N]; got {xs.dtype} "
                          f"{tuple(xs.shape)}, {ws.dtype} {tuple(ws.shape)}")
-    torch._check(dtype in (torch.float16, torch.bfloat16), lambda: f"decode_linear_w8a8: dtype {dtype}")
-    return xq.new_empty((*xq.shape[:-1], w.shape[0]), dtype=dtype)  # contiguous
+    torch._check(dtype in (torch.float16, torch.bfloat16) and out_dtype in (None, dtype, torch.float32),
+                 lambda: f"decode_linear_w8a8: dtype {dtype}, out_dtype {out_dtype}")
+    return xq.new_empty((*xq.shape[:-1], w.shape[0]), dtype=out_dtype or dtype)  # contiguous
 
 
 @torch.library.register_fake("fusekit::decode_linear_w8")

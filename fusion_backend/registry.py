@@ -106,6 +106,11 @@ class Pattern:
     # without the downcast, where its fp32 result is a graph output, and writes it as out_dtype: the graph
     # Inductor's pointless_convert pass leaves of `act(...).float()`.
     output_casts: tuple[torch.dtype, ...] = ()
+    # The fp32 form (output_casts) also where its result feeds more work, not only where it is returned: torch
+    # 2.11's pointless_convert folds a downcast into the upcast of the consumer after it (SiLU of SwiGLU's gate), and
+    # the rule's fp32 result is then all the graph holds (its consumer reads 4 bytes an element: a decode step's
+    # few rows, where that is nothing against the weight).
+    cast_any_user: bool = False
     # Also match without the expands of arguments that a traced torch.matmul carries (a direct torch.bmm).
     expand_optional: bool = False
     # Tensor parameters that must bind distinct graph nodes. A rule of several outputs that share only an

@@ -286,9 +286,11 @@ def _expand_variants(expr: Any) -> list[Any]:
                          and isinstance(e.args[0], _ARGS), lambda e, args: args[0])
 
 
-def _downcast_root(expr: Any, dtype: torch.dtype) -> Any:
-    """What `expr` downcasts to `dtype` at its root (convert_element_type(X, dtype), X computed wider), or None."""
+def _downcast_root(expr: Any, dtype: torch.dtype | tuple[torch.dtype, ...]) -> Any:
+    """What `expr` downcasts to `dtype` (or one of several) at its root (convert_element_type(X, dtype), X computed
+    wider), or None."""
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
     if isinstance(expr, pm.CallFunction) and torch.ops.prims.convert_element_type.default in expr.fns \
-            and len(expr.args) == 2 and expr.args[1] == dtype and isinstance(expr.args[0], pm.CallFunction):
+            and len(expr.args) == 2 and expr.args[1] in dtypes and isinstance(expr.args[0], pm.CallFunction):
         return expr.args[0]
     return None

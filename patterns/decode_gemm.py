@@ -88,14 +88,16 @@ def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
 
 
 def decode_linear_w8a8_ref(xq: Tensor, xs: Tensor, w: Tensor, ws: Tensor,
-                           dtype: torch.dtype = torch.bfloat16) -> Tensor:
+                           dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype = None) -> Tensor:
     """An int8 x int8 linear after x's per-row quantization, as torchao 0.18's Int8DynamicActivationInt8WeightConfig
     leaves it in a CUDA graph (Int8Tensor's linear: int_scaled_matmul, then the weight's scales): xq int8 [..., K]
     and its float32 row scales xs [..., 1], w int8 [N, K] and its float32 scales ws [N, 1]. The int32 products
-    times xs, rounded to `dtype`; times ws, rounded again (torchao's two casts)."""
+    times xs, rounded to `dtype`; times ws, rounded again (torchao's two casts). out_dtype float32: the last
+    rounding skipped (the rule's fp32 form: where torch 2.11's pointless_convert folded that cast into a consumer's
+    upcast, as SiLU's of SwiGLU's gate)."""
     rows = xq.reshape(-1, xq.shape[-1])
     y = (torch._int_mm(rows, w.t()) * xs.reshape(-1, 1).expand(rows.shape[0], w.shape[0])).to(dtype)
-    return (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1]).to(dtype)
+    return (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1]).to(out_dtype or dtype)
 
 
 def _w8a8_int_mm_cpu(dtype: torch.dtype):
@@ -513,8 +515,9 @@ def _w8a8_rule(rank: int, out: torch.dtype) -> Pattern:
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     return Pattern(
         f"decode_gemm.linear_w8a8_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
-        op="decode_linear_w8a8", static={"dtype": out}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
+        op="decode_linear_w8a8", static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
         trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
+        output_casts=(torch.float32,), cast_any_user=True,
         guards=(int8_operands("xq", "xs", "w", "ws"), few_rows("xq", "linear_w8a8")),
         fixtures=Fixtures(
             cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],

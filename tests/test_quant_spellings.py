@@ -130,3 +130,26 @@ def test_torchao_int8_dynamic_linears_fire_and_x_stays_inductors():
         xq = _choose_quant_func_and_quantize_tensor(x, w.act_quant_kwargs)
         got = torch.ops.fusekit.decode_linear_w8a8(xq.qdata, xq.scale.float(), w.qdata, w.scale, dt)
         assert torch.equal(got, m[0](x))
+
+
+def test_int8_dynamic_gate_whose_downcast_was_folded_fires_the_fp32_form():
+    """torch 2.11's pointless_convert (CUDA graphs of torchao int8 models) folds the gate linear's last downcast into
+    SiLU's upcast: the gate's product times ws stays float32 into the SiLU. The rule's fp32 form takes it (out_dtype
+    float32, eager's value to the bit) although it feeds more work; the up projection takes the 16-bit form."""
+    from fusion_backend import table
+    from fusion_backend.patterns.decode_gemm import decode_linear_w8a8_ref as ref
+
+    bf16 = torch.bfloat16
+    p = table.by_id("decode_gemm.linear_w8a8_bfloat16")
+    xq, xs, w, ws = p.make_args((2, 1, 64, 96), torch.int8, "cpu")
+    w2, ws2 = p.make_args((2, 1, 64, 96), torch.int8, "cpu")[2:]
+
+    def swiglu(xq, xs, w, ws, w2, ws2):
+        g = ref(xq, xs, w, ws, bf16, out_dtype=torch.float32)  # the downcast folded away
+        return torch.nn.functional.silu(g).to(bf16) * ref(xq, xs, w2, ws2, bf16)
+
+    args = (xq, xs, w, ws, w2, ws2)
+    rep = explain(swiglu, *args, disable=["elementwise"])
+    assert rep.sites["decode_gemm.linear_w8a8_bfloat16"] == 2, str(rep)
+    # the op's fp32 values are eager's; Inductor's own SiLU kernel (and its skipped bf16 rounding) an ulp apart
+    torch.testing.assert_close(rep.output, swiglu(*args), atol=0, rtol=2 ** -7)

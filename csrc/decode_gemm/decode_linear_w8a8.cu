@@ -1,10 +1,11 @@
 // fusekit::decode_linear_w8a8 -- an int8 x int8 linear at a decode step's few rows, both scales in its epilogue:
 // torchao's Int8DynamicActivationInt8WeightConfig after x's per-row quantization.
 //
-//   def decode_linear_w8a8_ref(xq, xs, w, ws, dtype):
+//   def decode_linear_w8a8_ref(xq, xs, w, ws, dtype, out_dtype=None):
 //       rows = xq.reshape(-1, xq.shape[-1])
 //       y = (torch._int_mm(rows, w.t()) * xs.reshape(-1, 1).expand(rows.shape[0], w.shape[0])).to(dtype)
-//       return (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1]).to(dtype)
+//       y = (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1])
+//       return y.to(out_dtype or dtype)
 //
 // Inductor runs that as aten._int_mm (cuBLAS, which refuses 16 rows or fewer) and a kernel for the scales, which
 // reads the int32 products back. Here the weight is read once, the products summed exactly in int32 on tensor
@@ -12,8 +13,10 @@
 //
 // Contract: xq [..., K] (M rows) int8, contiguous, 16-byte aligned, K a multiple of 16; xs M float32 row scales,
 // contiguous (any shape: [..., 1]); w [N, K] int8, contiguous, 16-byte aligned; ws N float32 scales, contiguous
-// ([N, 1] or [N]); dtype float16 or bfloat16. Returns [..., N] of dtype. Runs on the current stream, no workspace;
-// on sm_90+ launched with programmatic dependent launch.
+// ([N, 1] or [N]); dtype float16 or bfloat16; out_dtype None or float32 (the product times ws unrounded: the
+// graph torch 2.11's pointless_convert leaves where an upcast consumer, SiLU, follows). Returns [..., N] of
+// out_dtype or dtype. Runs on the current stream, no workspace; on sm_90+ launched with programmatic dependent
+// launch.
 //
 // The CTA is decode_linear_w8's: 8 warps, 8 NB output columns, all of K, 16 MT rows. A lane loads 16 int8 of each
 // of its NB weight rows (k [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of its x rows; two m16n8k32 s8
@@ -23,6 +26,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <optional>
+#include <vector>
 
 #include "decode_gemm/decode_linear.cuh"
 #include "dtype_dispatch.cuh"
@@ -54,8 +60,9 @@ __device__ __forceinline__ void mma16832_s8(int (&c)[4], uint32_t a0, uint32_t a
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// HI: rows g + 8 of each 16-row tile exist (more than 8 rows), else only rows g are loaded.
-template <typename T, int MT, int NB, bool HI>
+// HI: rows g + 8 of each 16-row tile exist (more than 8 rows), else only rows g are loaded. F32: the output is
+// float32 (the last rounding to T skipped).
+template <typename T, int MT, int NB, bool HI, bool F32>
 __global__ void __launch_bounds__(kWarps * 32) decode_linear_w8a8_kernel(const W8A8Params p) {
   constexpr int H = HI ? 2 : 1;
   constexpr int U = MT == 1 ? 4 : 2;  // chunks in flight per lane
@@ -121,7 +128,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_w8a8_kernel(const W
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[warp][(nb * MT + i) * 4 + c][lane] = acc[nb][i][c];
   __syncthreads();
-  T* out = static_cast<T*>(p.out);
   for (int e = threadIdx.x; e < F * 32; e += kWarps * 32) {
     const int l = e % 32, f = e / 32, c = f % 4, i = f / 4 % MT, nb = f / (4 * MT);
     const int row = m0 + i * 16 + (l / 4) + (c / 2) * 8, col = n0 + nb * 8 + (l % 4) * 2 + c % 2;
@@ -129,22 +135,36 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_w8a8_kernel(const W
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) s += red[v][f][l];
     if (row < p.m && col < p.n) {
-      const float y = to_float(from_float<T>(__fmul_rn(__int2float_rn(s), p.xs[row])));
-      out[static_cast<int64_t>(row) * p.n + col] = from_float<T>(__fmul_rn(y, p.ws[col]));
+      const float y = __fmul_rn(to_float(from_float<T>(__fmul_rn(__int2float_rn(s), p.xs[row]))), p.ws[col]);
+      const int64_t at = static_cast<int64_t>(row) * p.n + col;
+      if constexpr (F32) {
+        static_cast<float*>(p.out)[at] = y;
+      } else {
+        static_cast<T*>(p.out)[at] = from_float<T>(y);
+      }
     }
   }
 }
 
-template <typename T, int MT, int NB, bool HI>
+template <typename T, int MT, int NB, bool HI, bool F32>
 void launch(const W8A8Params& p, cudaStream_t stream) {
   const dim3 grid((p.n + 8 * NB - 1) / (8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
-  static const int version = binary_version(decode_linear_w8a8_kernel<T, MT, NB, HI>);
-  launch_ex(decode_linear_w8a8_kernel<T, MT, NB, HI>, grid, dim3(kWarps * 32), 0, stream,
+  static const int version = binary_version(decode_linear_w8a8_kernel<T, MT, NB, HI, F32>);
+  launch_ex(decode_linear_w8a8_kernel<T, MT, NB, HI, F32>, grid, dim3(kWarps * 32), 0, stream,
             pdl_allowed(version, 'g'), 0, p);
 }
 
+template <typename T, bool F32>
+void launch_rows(const W8A8Params& p, cudaStream_t stream) {
+  if (p.m <= 8) return launch<T, 1, 2, false, F32>(p, stream);
+  if (p.m <= 16) return launch<T, 1, 2, true, F32>(p, stream);
+  if (p.m <= 32) return launch<T, 2, 2, true, F32>(p, stream);
+  launch<T, 4, 1, true, F32>(p, stream);
+}
+
 at::Tensor decode_linear_w8a8_cuda(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& w,
-                                   const at::Tensor& ws, at::ScalarType dtype) {
+                                   const at::Tensor& ws, at::ScalarType dtype,
+                                   std::optional<at::ScalarType> out_dtype) {
   FK_CHECK_CUDA(xq);
   TORCH_CHECK(xq.scalar_type() == at::kChar && xq.dim() >= 1 && xq.is_contiguous() && aligned16(xq.data_ptr()),
               "fusekit: decode_linear_w8a8: xq must be contiguous, 16-byte aligned int8; got ", describe(xq));
@@ -165,20 +185,20 @@ at::Tensor decode_linear_w8a8_cuda(const at::Tensor& xq, const at::Tensor& xs, c
               "device; got ", describe(ws));
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
               "fusekit: decode_linear_w8a8: dtype must be float16 or bfloat16; got ", dtype);
+  const bool f32 = out_dtype.has_value() && *out_dtype != dtype;
+  TORCH_CHECK(!f32 || *out_dtype == at::kFloat,
+              "fusekit: decode_linear_w8a8: out_dtype must be None, dtype or float32; got ", *out_dtype);
   c10::cuda::CUDAGuard guard(xq.device());
   std::vector<int64_t> shape(xq.sizes().begin(), xq.sizes().end());
   shape.back() = w.size(0);
-  at::Tensor out = at::empty(shape, xq.options().dtype(dtype));
+  at::Tensor out = at::empty(shape, xq.options().dtype(f32 ? at::kFloat : dtype));
   if (out.numel() == 0) return out;
   W8A8Params p{xq.data_ptr<int8_t>(), xs.data_ptr<float>(), w.data_ptr<int8_t>(), ws.data_ptr<float>(),
                out.data_ptr(), static_cast<int>(m), static_cast<int>(w.size(0)), static_cast<int>(k)};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_half_bf16(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (p.m <= 8) return launch<T, 1, 2, false>(p, stream);
-    if (p.m <= 16) return launch<T, 1, 2, true>(p, stream);
-    if (p.m <= 32) return launch<T, 2, 2, true>(p, stream);
-    launch<T, 4, 1, true>(p, stream);
+    f32 ? launch_rows<T, true>(p, stream) : launch_rows<T, false>(p, stream);
   });
   return out;
 }
