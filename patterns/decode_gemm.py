@@ -28,6 +28,10 @@ int8 weight-only linears (torchao's Int8WeightOnlyConfig: ``F.linear(x, w.to(x.d
 dynamic per-row linears (x quantized per row, aten._scaled_mm) take ``fusekit::decode_linear_fp8``, the
 quantization included, up to 32 rows (an LM-head-wide one at one row): 1.19-2.02x Inductor's (H200); q/k/v of one x
 take ``decode_qkv_fp8`` and gate/up with their product ``decode_gate_up_fp8`` (one launch each, x quantized once).
+torchao's int8 dynamic-activation linears (x quantized per row by Inductor's kernel, then aten._int_mm and a kernel
+for both scales) take ``fusekit::decode_linear_w8a8`` after the quantization, up to 32 rows: exact int32 sums and
+torchao's two roundings in one launch. cuBLAS's aten._int_mm refuses 16 rows or fewer (Inductor's step fails there);
+at 32 rows the op measured 1.32-1.96x Inductor's GEMM and scales kernel, at 64 0.53-1.48x (H200, benchmarks/RESULTS.md).
 
 Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
 for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a
@@ -51,6 +55,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32, "linear_w8a8": 32}
 # fp8: the TMA kernel beats Inductor's quantization + aten._scaled_mm at 64 rows too (H200, op alone, Llama-style:
 # q 1.26x, gate 1.05x, down 1.57x); the mma.sync kernels at 64 were 0.55-1.13x.
+# int8 x int8 (linear_w8a8, an mma.sync kernel on every build): 32 (H200, at 64 rows gate and down 0.53x / 0.93x)
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64,
                 "linear_w8a8": 32}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)

@@ -28,6 +28,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "decode_gemm/decode_linear.cuh"
@@ -176,13 +177,14 @@ at::Tensor decode_linear_w8a8_cuda(const at::Tensor& xq, const at::Tensor& xs, c
               "fusekit: decode_linear_w8a8: w must be a contiguous, 16-byte aligned int8 [N, K] on xq's device with "
               "K = xq.shape[-1]; got xq ", describe(xq), ", w ", describe(w));
   const int64_t m = decode_gemm::rows(xq, "decode_linear_w8a8");
+  // (counts spelled by std::to_string: an H200 run segfaulted building this message with the int streamed in)
   TORCH_CHECK(xs.scalar_type() == at::kFloat && xs.numel() == m && xs.is_contiguous() && xs.device() == xq.device(),
-              "fusekit: decode_linear_w8a8: xs must be ", m, " contiguous float32 row scales on xq's device; got ",
-              describe(xs));
+              "fusekit: decode_linear_w8a8: xs must be " + std::to_string(m) +
+                  " contiguous float32 row scales on xq's device; got " + describe(xs));
   TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() == w.size(0) && ws.is_contiguous() &&
                   ws.device() == xq.device(),
-              "fusekit: decode_linear_w8a8: ws must be ", w.size(0), " contiguous float32 weight scales on xq's "
-              "device; got ", describe(ws));
+              "fusekit: decode_linear_w8a8: ws must be " + std::to_string(w.size(0)) +
+                  " contiguous float32 weight scales on xq's device; got " + describe(ws));
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
               "fusekit: decode_linear_w8a8: dtype must be float16 or bfloat16; got ", dtype);
   const bool f32 = out_dtype.has_value() && *out_dtype != dtype;
