@@ -86,13 +86,13 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 class ModelCannotRun(Exception):
-    """The model's own eager step failed (not a backend's compile): e.g. torchao's int8 eager path below 17 rows."""
+    """The model's own eager step failed (not a backend's compile)."""
 
 
 @contextlib.contextmanager
 def _int_mm_rows_padded():
     """torch._int_mm with fewer than 17 rows padded to 17 (cuBLAS refuses fewer; the rows past the input are
-    dropped): torchao's int8 dynamic eager step at batch 1-16, run once to allocate the cache, never timed."""
+    dropped): an eager int8 x int8 reference at 1-16 rows (the tests' and bench_decode_gemm.py's), never timed."""
     int_mm = torch._int_mm
 
     def padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -130,19 +130,11 @@ class Step:
         self.token = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to(device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.position = 0
-        self.eager_error: str | None = None  # why the model's own eager step fails (then not timed)
         with torch.no_grad():
             try:
                 self(self.model)  # allocates the cache layers
             except RuntimeError as e:
-                self.eager_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                if not quant:
-                    raise ModelCannotRun(self.eager_error) from e
-                with _int_mm_rows_padded():  # torchao's int8 eager path below 17 rows: only to allocate the cache
-                    try:
-                        self(self.model)
-                    except RuntimeError as e2:
-                        raise ModelCannotRun(self.eager_error) from e2
+                raise ModelCannotRun(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from e
             for layer in getattr(self.cache, "layers", ()):  # every slot a plausible row; the mask decides what is read
                 for t in (layer.keys, layer.values):
                     t.normal_(0, 0.5)
@@ -311,9 +303,7 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
     logits: dict[str, torch.Tensor] = {}
     steps: dict[str, Callable[[], Any]] = {}
     fns: list[Any] = []
-    backends = [be for be in BACKENDS if not (be == "eager" and st.eager_error)]
-    if st.eager_error:
-        res["backends"]["eager"] = {"compile_s": None, "error": st.eager_error}
+    backends = list(BACKENDS)
     with torch.no_grad():
         torch._dynamo.reset()
         for be in list(backends):  # compiled side by side: Dynamo keeps one cache entry per backend
