@@ -99,6 +99,15 @@ OPS = {
     # gate and up as float8 dynamic per-row linears of one x, then act(gate) * up; act "silu_mul" or "gelu_tanh_mul"
     "decode_gate_up_fp8": OpSpec("decode_gate_up_fp8(Tensor x, Tensor wg, Tensor sg, Tensor wu, Tensor su, str act) "
                                  "-> Tensor", cuda_dtypes=HALF),
+    # torchao's int8 dynamic per-row linears (Int8DynamicActivationInt8WeightConfig), x's quantization included: x
+    # [..., K] to int8 per row (scale max|x| / 127.5 in x's dtype, floored at 2**-23; round(x * (1 / s))), the int32
+    # products times s rounded to x's dtype, times w_scale [N, 1] float32, rounded again; q/k/v and gate/up as fp8's
+    "decode_linear_int8dyn": OpSpec("decode_linear_int8dyn(Tensor x, Tensor w, Tensor w_scale) -> Tensor",
+                                    cuda_dtypes=HALF),
+    "decode_qkv_int8dyn": OpSpec("decode_qkv_int8dyn(Tensor x, Tensor wq, Tensor sq, Tensor wk, Tensor sk, Tensor wv, "
+                                 "Tensor sv) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
+    "decode_gate_up_int8dyn": OpSpec("decode_gate_up_int8dyn(Tensor x, Tensor wg, Tensor sg, Tensor wu, Tensor su, "
+                                     "str act) -> Tensor", cuda_dtypes=HALF),
     # verification (options={"verify": True}): returns copies of `outs` after checking them once
     "verify": OpSpec("verify(Tensor[] outs, Tensor?[] tensors, float[] floats, str pattern, str site) -> Tensor[]"),
 }
@@ -323,35 +332,38 @@ def _(x, w, scales):
     return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
 
 
-def _fp8_weight_fake(op: str, x: Tensor, w: Tensor, s: Tensor) -> None:
-    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == torch.float8_e4m3fn,
-                 lambda: f"{op}: want x [..., K], w float8_e4m3fn [N, K]; got {tuple(x.shape)}, {w.dtype} "
-                         f"{tuple(w.shape)}")
+def _weight8_fake(op: str, x: Tensor, w: Tensor, s: Tensor, wdtype: torch.dtype) -> None:
+    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == wdtype,
+                 lambda: f"{op}: want x [..., K], w {wdtype} [N, K]; got {tuple(x.shape)}, {w.dtype} {tuple(w.shape)}")
     torch._check(s.numel() == w.shape[0] and s.dtype == torch.float32,
                  lambda: f"{op}: a weight's scales must be N float32; got {s.dtype} {tuple(s.shape)}")
 
 
-@torch.library.register_fake("fusekit::decode_linear_fp8")
-def _(x, w, w_scale):
-    _fp8_weight_fake("decode_linear_fp8", x, w, w_scale)
-    return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
+def _register_8bit_fakes(suffix: str, wdtype: torch.dtype) -> None:
+    """The fakes of decode_linear_<suffix>, decode_qkv_<suffix> and decode_gate_up_<suffix> (fp8, int8dyn)."""
+    @torch.library.register_fake(f"fusekit::decode_linear_{suffix}")
+    def _(x, w, w_scale):
+        _weight8_fake(f"decode_linear_{suffix}", x, w, w_scale, wdtype)
+        return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
+
+    @torch.library.register_fake(f"fusekit::decode_qkv_{suffix}")
+    def _(x, wq, sq, wk, sk, wv, sv):
+        for w, s in ((wq, sq), (wk, sk), (wv, sv)):
+            _weight8_fake(f"decode_qkv_{suffix}", x, w, s, wdtype)
+        return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
+
+    @torch.library.register_fake(f"fusekit::decode_gate_up_{suffix}")
+    def _(x, wg, sg, wu, su, act):
+        for w, s in ((wg, sg), (wu, su)):
+            _weight8_fake(f"decode_gate_up_{suffix}", x, w, s, wdtype)
+        torch._check(wg.shape[0] == wu.shape[0], lambda: f"decode_gate_up_{suffix}: wg and wu must have one N; got "
+                                                         f"{tuple(wg.shape)}, {tuple(wu.shape)}")
+        torch._check(act in ("silu_mul", "gelu_tanh_mul"), lambda: f"decode_gate_up_{suffix}: act {act!r}")
+        return x.new_empty((*x.shape[:-1], wg.shape[0]))  # contiguous
 
 
-@torch.library.register_fake("fusekit::decode_qkv_fp8")
-def _(x, wq, sq, wk, sk, wv, sv):
-    for w, s in ((wq, sq), (wk, sk), (wv, sv)):
-        _fp8_weight_fake("decode_qkv_fp8", x, w, s)
-    return tuple(x.new_empty((*x.shape[:-1], w.shape[0])) for w in (wq, wk, wv))  # contiguous
-
-
-@torch.library.register_fake("fusekit::decode_gate_up_fp8")
-def _(x, wg, sg, wu, su, act):
-    for w, s in ((wg, sg), (wu, su)):
-        _fp8_weight_fake("decode_gate_up_fp8", x, w, s)
-    torch._check(wg.shape[0] == wu.shape[0], lambda: f"decode_gate_up_fp8: wg and wu must have one N; got "
-                                                     f"{tuple(wg.shape)}, {tuple(wu.shape)}")
-    torch._check(act in ("silu_mul", "gelu_tanh_mul"), lambda: f"decode_gate_up_fp8: act {act!r}")
-    return x.new_empty((*x.shape[:-1], wg.shape[0]))  # contiguous
+_register_8bit_fakes("fp8", torch.float8_e4m3fn)
+_register_8bit_fakes("int8dyn", torch.int8)
 
 
 @torch.library.register_fake("fusekit::verify")

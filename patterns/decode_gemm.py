@@ -52,12 +52,13 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # csrc/decode_gemm/decode_linear_tma.cuh) every rule up to 64: measured faster than cuBLAS (+ Inductor's silu-mul)
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
-MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32, "linear_w8a8": 32}
+MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32, "linear_w8a8": 32,
+            "linear_int8dyn": 32}
 # fp8: the TMA kernel beats Inductor's quantization + aten._scaled_mm at 64 rows too (H200, op alone, Llama-style:
 # q 1.26x, gate 1.05x, down 1.57x); the mma.sync kernels at 64 were 0.55-1.13x.
 # int8 x int8 (linear_w8a8, an mma.sync kernel on every build): 32 (H200, at 64 rows gate and down 0.53x / 0.93x)
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64,
-                "linear_w8a8": 32}
+                "linear_w8a8": 32, "linear_int8dyn": 32}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weight)
 
@@ -115,6 +116,68 @@ def _w8a8_int_mm_cpu(dtype: torch.dtype):
         return (y * ws.flatten()).reshape(xq.shape[:-1] + w.shape[:1]).to(dtype)
 
     return w8a8_int_mm_cpu
+
+
+INT8_DIV = 127.5  # torchao's symmetric int8 scale: max |x| / ((127 - -128) / 2)
+INT8_EPS = 2.0 ** -23  # torch.finfo(torch.float32).eps: torchao's floor of the scale
+
+
+def _int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """torchao 0.18's dynamic per-row symmetric int8 quantization of x, as its graph spells it (choose_qparams_affine
+    SYMMETRIC, then quantize_affine): max(-min(amin, 0), max(amax, 0)) / 127.5 in x's dtype, floored at eps in
+    float32, back to x's dtype, as float32; x * (1 / s) in float32, rounded half to even, clamped, int8."""
+    amin, amax = x.amin(x.dim() - 1, keepdim=True), x.amax(x.dim() - 1, keepdim=True)  # (the graph's dim)
+    top = torch.maximum(-torch.minimum(amin, torch.zeros_like(amin)), torch.maximum(amax, torch.zeros_like(amax)))
+    s = (top / INT8_DIV).float().clamp_min(INT8_EPS).to(x.dtype).float()
+    return (x * (1.0 / s)).round().clamp(-128, 127).to(torch.int8), s
+
+
+def decode_linear_int8dyn_ref(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """torchao's int8 dynamic per-row linear (Int8DynamicActivationInt8WeightConfig) whole: x quantized per row
+    (_int8_rows), then decode_linear_w8a8_ref's int8 GEMM and torchao's two roundings (its CUDA spelling)."""
+    xq, s = _int8_rows(x)
+    return decode_linear_w8a8_ref(xq, s, w, w_scale, x.dtype)
+
+
+def _int8dyn_cpu(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """The same with torchao's CPU spelling of the GEMM (_w8a8_int_mm_cpu)."""
+    xq, s = _int8_rows(x)
+    return _w8a8_int_mm_cpu(x.dtype)(xq, s, w, w_scale)
+
+
+def decode_qkv_int8dyn_ref(x: Tensor, wq: Tensor, sq: Tensor, wk: Tensor, sk: Tensor, wv: Tensor,
+                           sv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v as three int8 dynamic per-row linears of one x (each quantizes x alike: the op does it once)."""
+    return tuple(decode_linear_int8dyn_ref(x, w, s) for w, s in ((wq, sq), (wk, sk), (wv, sv)))
+
+
+def _int8dyn_qkv_cpu(x: Tensor, wq: Tensor, sq: Tensor, wk: Tensor, sk: Tensor, wv: Tensor,
+                     sv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(_int8dyn_cpu(x, w, s) for w, s in ((wq, sq), (wk, sk), (wv, sv)))
+
+
+def decode_gate_up_int8dyn_ref(x: Tensor, wg: Tensor, sg: Tensor, wu: Tensor, su: Tensor,
+                               act: str = "silu_mul") -> Tensor:
+    """SwiGLU's (act "silu_mul") or GeGLU's ("gelu_tanh_mul") gate and up as int8 dynamic per-row linears of x."""
+    return _gated(act, decode_linear_int8dyn_ref(x, wg, sg), decode_linear_int8dyn_ref(x, wu, su))
+
+
+def _int8dyn_gate_up_forms(act: str) -> tuple:
+    """The gate/up rule's other spellings: torchao's CPU GEMM (a variant), and the graph torch 2.11 leaves on CUDA
+    (a graph form), where pointless_convert folds the gate's last rounding into the activation's upcast: the gate's
+    float32 product times its scales goes into act unrounded (the op rounds it, as eager)."""
+    def cpu(x, wg, sg, wu, su):
+        return _gated(act, _int8dyn_cpu(x, wg, sg), _int8dyn_cpu(x, wu, su))
+
+    def folded(x, wg, sg, wu, su):
+        xq, s = _int8_rows(x)
+        gate = decode_linear_w8a8_ref(xq, s, wg, sg, x.dtype, torch.float32)
+        g = F.silu(gate) if act == "silu_mul" else F.gelu(gate, approximate="tanh")
+        return g.to(x.dtype) * decode_linear_w8a8_ref(xq, s, wu, su, x.dtype)
+
+    tag = "" if act == "silu_mul" else "_" + act
+    cpu.__name__, folded.__name__ = f"_int8dyn_gate_up_cpu{tag}", f"_int8dyn_gate_up_folded{tag}"
+    return (cpu,), (folded,)
 
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -239,11 +302,14 @@ def weight_operands(x: str, *weights: str, one_shape: bool = True, halves: bool 
     return G.Guard(f"weight_operands({x}, {', '.join(weights)})", check)
 
 
-def weight8_operands(x: str, w: str, scales: str, wdtype: torch.dtype = torch.int8) -> G.Guard:
+def weight8_operands(x: str, w: str, scales: str, wdtype: torch.dtype = torch.int8,
+                     row_scales: bool | None = None) -> G.Guard:
     """Can fire: static sizes; x [..., K] contiguous, K a positive multiple of 16 (a lane reads 16 8-bit weights at
-    once); w a contiguous [N, K] of `wdtype` (int8, or float8_e4m3fn); scales N contiguous values: a [N] vector (int8:
-    torchao's weight-only scales) or float32 [N] / [N, 1] (fp8: torchao's per-row weight scales); x and w 16-byte
-    aligned."""
+    once); w a contiguous [N, K] of `wdtype` (int8, or float8_e4m3fn); scales N contiguous values: a [N] vector (int8
+    weight-only: torchao's scales) or, `row_scales` (default: not int8), float32 [N] / [N, 1] (fp8 and int8 dynamic:
+    torchao's per-row weight scales); x and w 16-byte aligned."""
+    row_scales = wdtype != torch.int8 if row_scales is None else row_scales
+
     def check(s: G.Site) -> str | None:
         tx, tw, ts = s.tensor(x), s.tensor(w), s.tensor(scales)
         sizes = [v for t in (tx, tw, ts) for v in (*t.shape, *t.stride(), t.storage_offset())]
@@ -255,8 +321,8 @@ def weight8_operands(x: str, w: str, scales: str, wdtype: torch.dtype = torch.in
         if tw.dtype != wdtype or tw.dim() != 2 or tw.shape[1] != k or not tw.is_contiguous():
             return f"{w} {tw.dtype} {tuple(tw.shape)} is not a contiguous {wdtype} [N, {k}] weight"
         n = tw.shape[0]
-        shapes = ((n,),) if wdtype == torch.int8 else ((n,), (n, 1))
-        if tuple(ts.shape) not in shapes or not ts.is_contiguous() or (wdtype != torch.int8 and ts.dtype != torch.float32):
+        shapes = ((n,), (n, 1)) if row_scales else ((n,),)
+        if tuple(ts.shape) not in shapes or not ts.is_contiguous() or (row_scales and ts.dtype != torch.float32):
             return f"{scales} {ts.dtype} {tuple(ts.shape)} is not a contiguous {' or '.join(map(str, shapes))} vector"
         if tx.storage_offset() % 8 or tw.storage_offset() % 16:
             return "x or w does not start on 16 bytes"
@@ -344,6 +410,17 @@ def wide_fp8_one_row(x: str, w: str) -> G.Guard:
             f"N={n} (> {MAX_FP8_WIDE_N}) at {rows} rows: a wide fp8 linear measured slower than _scaled_mm past one row"
 
     return G.Guard(f"wide_fp8_one_row({x}, {w})", check, policy=True)
+
+
+def wide_int8_few_rows(x: str, w: str) -> G.Guard:
+    """Policy: an int8 dynamic linear with N > MAX_FP8_WIDE_N (an LM head) fires only up to 16 rows, where Inductor's
+    aten._int_mm cannot run at all; past that its speed against cuBLAS's int8 GEMM has not been measured."""
+    def check(s: G.Site) -> str | None:
+        rows, n = _rows(s.tensor(x)), s.tensor(w).shape[0]
+        return None if known(n <= MAX_FP8_WIDE_N) or known(rows <= 16) else \
+            f"N={n} (> {MAX_FP8_WIDE_N}) at {rows} rows: a wide int8 linear is left to cuBLAS past 16 rows"
+
+    return G.Guard(f"wide_int8_few_rows({x}, {w})", check, policy=True)
 
 
 def tma_default(dtype: torch.dtype, arch: str | None) -> bool:
@@ -530,6 +607,89 @@ def _w8a8_rule(rank: int, out: torch.dtype) -> Pattern:
     )
 
 
+def _int8_weight(n: int, k: int, dev) -> tuple[Tensor, Tensor]:
+    """An int8 [n, k] weight and its float32 [n, 1] per-row scales (torchao's Int8Tensor of a weight)."""
+    return (torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8),
+            torch.rand(n, 1, device=dev) * 1e-3 / k ** 0.5 + 1e-5)
+
+
+def _int8dyn_inputs(case, dt, dev):
+    *rows, k, n = case
+    return rand((*rows, k), dt, dev), *_int8_weight(n, k, dev)
+
+
+def _int8dyn_qkv_inputs(case, dt, dev):
+    *rows, k, nq, nkv = case
+    return rand((*rows, k), dt, dev), *_int8_weight(nq, k, dev), *_int8_weight(nkv, k, dev), *_int8_weight(nkv, k, dev)
+
+
+def _int8dyn_gate_up_inputs(case, dt, dev):
+    *rows, k, n = case
+    return rand((*rows, k), dt, dev), *_int8_weight(n, k, dev), *_int8_weight(n, k, dev)
+
+
+# The int8 dynamic rules' CPU test shapes: the first of several rows (torch 2.13's Inductor, which the tests that
+# must not fire compare with eager, returns garbage for aten._int_mm of one row on a CPU), then one row (the rule).
+INT8DYN_CASES = {3: ((2, 1, 32, 40), (2, 3, 16, 24), (1, 1, 32, 40)), 2: ((5, 32, 40), (3, 16, 24), (1, 32, 40))}
+INT8DYN_QKV_CASES = {3: ((2, 1, 32, 48, 16), (2, 3, 16, 32, 16), (1, 1, 32, 48, 16)),
+                     2: ((5, 32, 48, 16), (3, 16, 32, 16), (1, 32, 48, 16))}
+# Inductor quantizes x as x * (1 / 127.5) where eager divides: an int8 of x may move by one, the output by that
+# step times a weight (a few 1e-3 at the tests' scales)
+INT8DYN_INDUCTOR_TOL = {torch.float16: (1e-2, 5e-2), torch.bfloat16: (2e-2, 5e-2)}
+
+
+def _int8dyn_guards(x: str, *weights: tuple[str, str]) -> tuple[G.Guard, ...]:
+    return (*(weight8_operands(x, w, s, torch.int8, row_scales=True) for w, s in weights),
+            few_rows(x, "linear_int8dyn"), wide_int8_few_rows(x, weights[0][0]))
+
+
+def _int8dyn_rule(rank: int) -> Pattern:
+    """torchao's int8 dynamic per-row linear of a decode step whole: x's quantization, the int8 GEMM and both scales
+    in one launch (Inductor: a Triton quantization, aten._int_mm, a scales kernel). Matched before linear_w8a8 (the
+    same linear after x's quantization: where this rule's guards fail, that one may still fire)."""
+    trace_case = (2, 1, 16, 32) if rank == 3 else (2, 16, 32)
+    return Pattern(
+        f"decode_gemm.linear_int8dyn{'' if rank == 3 else '_2d'}", reference=decode_linear_int8dyn_ref,
+        op="decode_linear_int8dyn", dtypes=(torch.float16, torch.bfloat16), inputs=_int8dyn_inputs, trace="inductor",
+        trace_case=trace_case, variants=(_int8dyn_cpu,), tol=EXACT, guards=_int8dyn_guards("x", ("w", "w_scale")),
+        fixtures=Fixtures(
+            cases=INT8DYN_CASES[rank], gpu_cases=W8_GPU_CASES[rank], inductor_tol=INT8DYN_INDUCTOR_TOL,
+            bad_layout=lambda dt, dev: _int8dyn_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
+def _int8dyn_qkv_rule(rank: int) -> Pattern:
+    """torchao's int8 dynamic q, k and v of one x: three linears, one launch, x quantized once."""
+    trace_case = (2, 1, 16, 32, 16) if rank == 3 else (2, 16, 32, 16)
+    return Pattern(
+        f"decode_gemm.qkv_int8dyn{'' if rank == 3 else '_2d'}", reference=decode_qkv_int8dyn_ref,
+        op="decode_qkv_int8dyn", dtypes=(torch.float16, torch.bfloat16), inputs=_int8dyn_qkv_inputs, trace="inductor",
+        trace_case=trace_case, variants=(_int8dyn_qkv_cpu,), tol=EXACT, exclusive=("wq", "wk", "wv"),
+        guards=_int8dyn_guards("x", ("wq", "sq"), ("wk", "sk"), ("wv", "sv")),
+        fixtures=Fixtures(
+            cases=INT8DYN_QKV_CASES[rank], gpu_cases=FP8_QKV_GPU_CASES[rank], inductor_tol=INT8DYN_INDUCTOR_TOL,
+            bad_layout=lambda dt, dev: _int8dyn_qkv_inputs((*trace_case[:-3], 24, 16, 8), dt, dev),
+            bad_reason="multiple of 16"),
+    )
+
+
+def _int8dyn_gate_up_rule(rank: int, act: str) -> Pattern:
+    """torchao's int8 dynamic gate and up of one x with SwiGLU's / GeGLU's product: one launch."""
+    trace_case = (2, 1, 16, 32) if rank == 3 else (2, 16, 32)
+    name = "gate_up_silu_int8dyn" if act == "silu_mul" else "gate_up_gelu_tanh_int8dyn"
+    cpu, folded = _int8dyn_gate_up_forms(act)
+    return Pattern(
+        f"decode_gemm.{name}{'' if rank == 3 else '_2d'}", reference=decode_gate_up_int8dyn_ref,
+        op="decode_gate_up_int8dyn", static={"act": act}, dtypes=(torch.float16, torch.bfloat16),
+        inputs=_int8dyn_gate_up_inputs, trace="inductor", trace_case=trace_case, variants=cpu, graph_forms=folded,
+        guards=(*_int8dyn_guards("x", ("wg", "sg"), ("wu", "su")), one_n("wg", "wu")),
+        fixtures=Fixtures(
+            cases=INT8DYN_CASES[rank], gpu_cases=W8_GPU_CASES[rank], inductor_tol=INT8DYN_INDUCTOR_TOL,
+            bad_layout=lambda dt, dev: _int8dyn_gate_up_inputs((*trace_case[:-2], 24, 8), dt, dev),
+            bad_reason="multiple of 16"),
+    )
+
+
 def _fp8_weight(n: int, k: int, dev) -> tuple[Tensor, Tensor]:
     """An e4m3 [n, k] weight spread over e4m3's range as torchao's are (clamped: past 464 the cast gives NaN), and
     its float32 [n, 1] scales."""
@@ -628,8 +788,12 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
             _w8_rule(3), _w8_rule(2),
-            # int8 dynamic activation + int8 weight (torchao's Int8DynamicActivationInt8WeightConfig): aten._int_mm
-            # and the scales' epilogue, x's quantization left to Inductor
+            # int8 dynamic activation + int8 weight (torchao's Int8DynamicActivationInt8WeightConfig): x's
+            # quantization, aten._int_mm and the scales' epilogue; gate/up and q/k/v of one x before the one-weight
+            # linear; then the one-weight linear after x's quantization (Inductor's), where those do not fire
+            _int8dyn_gate_up_rule(3, "silu_mul"), _int8dyn_gate_up_rule(2, "silu_mul"),
+            _int8dyn_gate_up_rule(3, "gelu_tanh_mul"), _int8dyn_gate_up_rule(2, "gelu_tanh_mul"),
+            _int8dyn_qkv_rule(3), _int8dyn_qkv_rule(2), _int8dyn_rule(3), _int8dyn_rule(2),
             *[_w8a8_rule(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
             # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm;
             # gate/up and q/k/v of one x before the one-weight linear

@@ -98,7 +98,7 @@ def _check_fa3(p, args, out, ref_same, i=0):
         return r[i] if isinstance(r, tuple) else r
 
     args64 = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    ref64 = nth(p.eager(*args64))
+    ref64 = nth(_eager(p, args64))
     if p.fixtures.baseline is not None:
         ref_same = nth(p.fixtures.baseline(**dict(zip(p.arg_names, args)), **dict(p.static)))
     nan = ref64.isnan()
@@ -707,6 +707,72 @@ def _has_torchao() -> bool:
         return False
 
 
+INT8DYN_RULES = ("decode_gemm.linear_int8dyn", "decode_gemm.linear_int8dyn_2d", "decode_gemm.qkv_int8dyn",
+                 "decode_gemm.qkv_int8dyn_2d", "decode_gemm.gate_up_silu_int8dyn", "decode_gemm.gate_up_silu_int8dyn_2d",
+                 "decode_gemm.gate_up_gelu_tanh_int8dyn", "decode_gemm.gate_up_gelu_tanh_int8dyn_2d")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_int8dyn_rows_zero_rows_torchao_and_bad_calls(dtype):
+    """decode_linear_int8dyn, decode_qkv_int8dyn and decode_gate_up_int8dyn (torchao's int8 dynamic per-row linears,
+    x's quantization inside): eager's output to the bit (linear, q/k/v; gate/up within the 2x rule) at 1-8 rows (every
+    CTA quantizes), 9-64 (quantize_rows first), K and N tails; a row of zeros (scale floored at eps) and a row whose
+    scale rounds; a torchao-quantized stack compiled fires at every linear at 1 row (where aten._int_mm refuses: eager
+    through padded rows) and 32, within the 2x rule of Inductor's error; bad calls raise fusekit errors."""
+    from fusion_backend.tools.decode_bench import _int_mm_rows_padded
+
+    sfx = "_2d"
+    lin, qkv, gu = (table.by_id(f"decode_gemm.{n}{sfx}") for n in ("linear_int8dyn", "qkv_int8dyn",
+                                                                     "gate_up_silu_int8dyn"))
+    for m in (1, 5, 8, 9, 16, 17, 32, 33, 64):
+        for k, n in ((80, 200), (2048, 5632), (5632, 2048)):
+            for p in (lin, gu):
+                args = p.make_args((m, k, n), dtype, "cuda")
+                _check(p, args, _run(p, args))
+        args = qkv.make_args((m, 2048, 2048, 512), dtype, "cuda")
+        _check(qkv, args, _run(qkv, args))
+    args = lin.make_args((4, 1024, 136), dtype, "cuda")
+    args[0][1] = 0  # scale floored at 2**-23: every int8 0
+    args[0][2] *= 1e-4  # tiny row: its scale's rounding decides
+    _check(lin, args, _run(lin, args))
+    assert torch.equal(_run(lin, args)[1], torch.zeros_like(args[0][1, :136]))
+    import fusion_backend
+
+    for rows in (1, 32) if _has_torchao() else ():  # torchao-quantized linears compiled
+        torch.manual_seed(rows)
+        model = torch.nn.Sequential(*(torch.nn.Linear(k, n, bias=False) for k, n in ((2048, 5632), (5632, 2048),
+                                                                                     (2048, 2048)))).to("cuda", dtype)
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        quantize_(model, Int8DynamicActivationInt8WeightConfig())
+        x = torch.randn(rows, 1, 2048, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            with _int_mm_rows_padded():
+                want = model(x)
+            rep = fusion_backend.explain(model, x)
+            assert rep.sites["decode_gemm.linear_int8dyn"] == 3, str(rep)
+            err = (rep.output.float() - want.float()).abs().max().item()
+            if rows > 16:  # Inductor's aten._int_mm runs
+                torch._dynamo.reset()
+                err_ind = (torch.compile(model)(x).float() - want.float()).abs().max().item()
+                assert err <= 2 * err_ind + 1e-3 * want.float().abs().max().item(), (err, err_ind)
+            else:
+                assert err <= 2e-2 * want.float().abs().max().item(), err
+    x, w, s = lin.make_args((5, 1024, 136), dtype, "cuda")
+    wq, sq, wk, sk, wv, sv = qkv.make_args((5, 1024, 136, 24), dtype, "cuda")[1:]
+    ops = torch.ops.fusekit
+    for call, match in ((lambda: ops.decode_linear_int8dyn(x[:, :1000].contiguous(), w[:, :1000].contiguous(), s),
+                         "multiple of 16"),
+                        (lambda: ops.decode_linear_int8dyn(x.float(), w, s), "float16 or bfloat16"),
+                        (lambda: ops.decode_linear_int8dyn(x, w.to(dtype), s), "must be a int8"),
+                        (lambda: ops.decode_linear_int8dyn(x, w, s[:2]), "scales must be"),
+                        (lambda: ops.decode_linear_int8dyn(x, w.t().contiguous().t(), s), "contiguous"),
+                        (lambda: ops.decode_qkv_int8dyn(x, wq, sq, wk, sk, wv.float(), sv), "wv must be a int8"),
+                        (lambda: ops.decode_gate_up_int8dyn(x, wq, sq, wk, sk, "silu_mul"), "one N"),
+                        (lambda: ops.decode_gate_up_int8dyn(x, w, s, w, s, "relu"), "act must be")):
+        with pytest.raises(RuntimeError, match=match):
+            call()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_linear_w8a8_rows_graphs_torchao_and_bad_calls(dtype):
     """decode_linear_w8a8 (torchao's int8 dynamic linear after x's quantization): eager's output to the bit (exact int32
@@ -743,7 +809,7 @@ def test_decode_linear_w8a8_rows_graphs_torchao_and_bad_calls(dtype):
         with torch.no_grad():
             with _int_mm_rows_padded():
                 want = model(x)
-            rep = fusion_backend.explain(model, x)
+            rep = fusion_backend.explain(model, x, options={"disable": list(INT8DYN_RULES)})  # (they fire first)
             assert rep.sites[f"decode_gemm.linear_w8a8_{str(dtype)[6:]}"] == 3, str(rep)
             err = (rep.output.float() - want.float()).abs().max().item()
             if rows > 16:  # Inductor's aten._int_mm runs

@@ -141,9 +141,11 @@ def test_no_fire_on_failing_guard(p, dtype):
 
 
 def _inductor_tol(p, dtype):
-    """Tolerance for comparing Inductor's own code with eager: the rule's, for a 16-bit float rule."""
-    if dtype in (torch.float16, torch.bfloat16) and dtype in p.tol:
-        atol, rtol = p.tol[dtype]
+    """Tolerance for comparing Inductor's own code with eager: the rule's (or its fixtures' inductor_tol), for a 16-bit
+    float rule."""
+    tol = p.fixtures.inductor_tol or p.tol
+    if dtype in (torch.float16, torch.bfloat16) and dtype in tol:
+        atol, rtol = tol[dtype]
         return {"atol": atol, "rtol": rtol}
     return {}
 

@@ -97,12 +97,13 @@ def test_hand_written_fp8_and_symmetric_weights_fire():
     assert_same(rep.output[1:], want[1:])
 
 
-def test_torchao_int8_dynamic_linears_fire_and_x_stays_inductors():
+def test_torchao_int8_dynamic_linears_fire_with_x_quantization():
     """torchao 0.18's Int8DynamicActivationInt8WeightConfig quantizes activations per token with another formula
-    (scale = max(-min(x), max(x)) / 127.5, clamped to float32's eps, x * (1 / scale)): no quantize rule takes it
-    (Inductor quantizes x). Each 16-bit linear's int8 GEMM and scales fire decode_gemm.linear_w8a8 (float32: nothing
-    fires, the graph is Inductor's to the bit); on eager's own quantized x the op equals torchao's eager linear to
-    the bit; the compiled model's error against eager within 2x of Inductor's. Skipped without torchao."""
+    (scale = max(-min(x), max(x)) / 127.5, clamped to float32's eps, x * (1 / scale)): no quantize rule takes it.
+    Each 16-bit linear, that quantization included, fires decode_gemm.linear_int8dyn (float32: nothing fires, the
+    graph is Inductor's to the bit); the op equals torchao's eager linear to the bit, and so does decode_linear_w8a8 on
+    eager's own quantized x; the compiled model's error against eager within 2x of Inductor's. Skipped without
+    torchao."""
     pytest.importorskip("torchao")
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     from torchao.quantization.quantize_.common import _choose_quant_func_and_quantize_tensor
@@ -115,11 +116,11 @@ def test_torchao_int8_dynamic_linears_fire_and_x_stays_inductors():
         x = torch.randn(*shape, dtype=dt)
         rep = explain(m, x)
         assert sum(n for pid, n in rep.sites.items() if pid.startswith("quantize.")) == 0, str(rep)
-        fired = sum(n for pid, n in rep.sites.items() if pid.startswith("decode_gemm.linear_w8a8"))
+        fired = sum(n for pid, n in rep.sites.items() if pid.startswith("decode_gemm.linear_int8dyn"))
         torch._dynamo.reset()
         ind = torch.compile(m, backend="inductor")(x)
         if dt == torch.float32:
-            assert fired == 0, str(rep)
+            assert fired == 0 and not any(rep.sites.values()), str(rep)
             torch.testing.assert_close(rep.output, ind, atol=0, rtol=0)
             continue
         assert fired == 2, str(rep)
@@ -127,9 +128,42 @@ def test_torchao_int8_dynamic_linears_fire_and_x_stays_inductors():
         err, err_ind = ((o.float() - want.float()).abs().max().item() for o in (rep.output, ind))
         assert err <= 2 * err_ind + 2 ** -8 * want.float().abs().max().item(), (err, err_ind)
         w = m[0].weight
+        assert torch.equal(torch.ops.fusekit.decode_linear_int8dyn(x, w.qdata, w.scale), m[0](x))
         xq = _choose_quant_func_and_quantize_tensor(x, w.act_quant_kwargs)
         got = torch.ops.fusekit.decode_linear_w8a8(xq.qdata, xq.scale.float(), w.qdata, w.scale, dt)
         assert torch.equal(got, m[0](x))
+
+
+def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer():
+    """A tiny Llama under torchao's Int8DynamicActivationInt8WeightConfig: per layer q/k/v fire decode_qkv_int8dyn
+    once and gate/up with SwiGLU decode_gate_up_int8dyn once, o and down (and the LM head) the one-weight rule; no
+    int8 GEMM is left to Inductor; logits within 2x of Inductor's error against eager. Skipped without torchao."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    layers = 2
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    quantize_(m, Int8DynamicActivationInt8WeightConfig())
+    ids = torch.randint(0, 256, (2, 3))
+
+    def logits(i):
+        return m(i, use_cache=False).logits
+
+    with torch.no_grad():
+        rep = explain(logits, ids)
+        want = logits(ids)
+        torch._dynamo.reset()
+        ind = torch.compile(logits, backend="inductor")(ids)
+    fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
+    assert fired == {"decode_gemm.qkv_int8dyn": layers, "decode_gemm.gate_up_silu_int8dyn": layers,
+                     "decode_gemm.linear_int8dyn": 2 * layers + 1}, str(rep)
+    assert not any("aten._int_mm" in g.graph_code for g in rep.graphs), str(rep)  # every int8 GEMM fired
+    err, err_ind = ((o.float() - want.float()).abs().max().item() for o in (rep.output, ind))
+    assert err <= 2 * err_ind + 1e-6, (err, err_ind)
 
 
 def test_int8_dynamic_gate_whose_downcast_was_folded_fires_the_fp32_form():

@@ -46,7 +46,7 @@ at::Tensor decode_gate_up_fp8_cuda(const at::Tensor& x, const at::Tensor& wg, co
   p.out[0] = out.data_ptr(), p.n[0] = static_cast<int>(wg.size(0));
   p.act = act == "silu_mul" ? decode_gemm::kSiluMul : decode_gemm::kGeluTanhMul;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 2>(p, x, stream); });
+  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 2, false>(p, x, stream); });
   return out;
 }
 

@@ -23,8 +23,8 @@
 
 namespace fusekit {
 namespace decode_fp8 {  // the one-weight GEMMs, for decode_qkv_fp8.cu too (the header's extern declarations)
-template void launch_fp8<__half, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
-template void launch_fp8<__nv_bfloat16, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
+template void launch_fp8<__half, 1, false>(Fp8Params, const at::Tensor&, cudaStream_t);
+template void launch_fp8<__nv_bfloat16, 1, false>(Fp8Params, const at::Tensor&, cudaStream_t);
 }  // namespace decode_fp8
 
 namespace {
@@ -42,7 +42,7 @@ at::Tensor decode_linear_fp8_cuda(const at::Tensor& x, const at::Tensor& w, cons
   p.w[0] = w.data_ptr(), p.w_scale[0] = w_scale.data_ptr<float>(), p.out[0] = out.data_ptr();
   p.n[0] = static_cast<int>(w.size(0));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 1>(p, x, stream); });
+  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 1, false>(p, x, stream); });
   return out;
 }
 

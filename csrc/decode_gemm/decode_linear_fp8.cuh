@@ -14,7 +14,19 @@
 // Up to 8 rows it first finds the max |x| of its rows (warp per row), then each lane quantizes the 16 k of x it
 // multiplies: one launch, no fp8 copy of x. Above 8 rows quantize_rows writes x's e4m3 copy and the rows' scales
 // first (a CTA per row; buffers from the caching allocator) and the GEMM (PREQ) widens those: the weights of one x
-// share one quantization either way. fp8 values are exact in float16, so x and w are widened to float16 and
+// share one quantization either way.
+//
+// I8: the same launches for torchao's int8 dynamic per-row linears (Int8DynamicActivationInt8WeightConfig;
+// fusekit::decode_linear_int8dyn, decode_qkv_int8dyn, decode_gate_up_int8dyn), each linear of x computing
+//
+//   s = (max(-min(x.amin(-1), 0), max(x.amax(-1), 0)) / 127.5).float().clamp_min(2**-23).to(x.dtype).float()
+//   xq = (x.float() * (1 / s)).round().clamp(-128, 127).to(torch.int8)     # 1 / s and the product rounded
+//   y = ((torch._int_mm(xq, w.t()) * s).to(x.dtype) * w_scale.flatten()).to(x.dtype)
+//
+// with int8 x int8 m16n8k32 products into exact int32 sums and both of torchao's roundings in the epilogue: the
+// quantized x and the output are eager's to the bit (the gated product: act(gate) * up rounded as eager, act by
+// fast_silu / fast_gelu_tanh). A lane's 16 int8 of x and of each weight row feed two m16n8k32 (words 0-1, then
+// 2-3): the same k permutation for both operands. No TMA kernel: the mma.sync one on every build. fp8 values are exact in float16, so x and w are widened to float16 and
 // m16n8k16 takes them whatever x's dtype (cvt e4m3x2 -> f16x2: sm_89+ hardware). On sm_90+ launched with PDL.
 #pragma once
 
@@ -38,6 +50,8 @@ using decode_gemm::part_of;
 
 constexpr int kChunk8 = 64;      // k per chunk: 4 lanes x 16 values
 constexpr float kFp8Max = 448.f;  // torch.finfo(torch.float8_e4m3fn).max
+constexpr float kInt8Div = 127.5f;                  // torchao's symmetric int8 range: (127 - -128) / 2
+constexpr float kInt8Eps = 1.1920928955078125e-07f;  // torch.finfo(torch.float32).eps, torchao's scale floor
 
 // decode_linear's parameters (x, the parts' w / out / n / tile ends, m, k, act; bias unused) and the scales.
 // NW = 1: `parts` e4m3 weights of x (q, k, v), out[i] = x w[i]^T. NW = 2: w[0] gate, w[1] up of one N, out[0] =
@@ -116,13 +130,42 @@ __device__ __forceinline__ float warp_amax(const T* x, int k, int first, int str
 }
 
 // the row's scale from its max |x|: amax / 448 rounded to x's dtype (as eager divides a T tensor), as a float
+// I8: amax / 127.5 rounded to x's dtype, floored at float32's eps, rounded to x's dtype again (eps is exact in both)
+template <typename T, bool I8 = false>
+__device__ __forceinline__ float row_scale(float amax) {
+  if constexpr (I8) {
+    return to_float(from_float<T>(fmaxf(to_float(from_float<T>(__fdiv_rn(amax, kInt8Div))), kInt8Eps)));
+  } else {
+    return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max)));
+  }
+}
+
+// one value of x -> int8 as torchao: x * (1 / s) in float32 (r = 1 / s correctly rounded), rounded half to even,
+// clamped (an infinite product saturates like the clamp; NaN gives 0)
+__device__ __forceinline__ uint32_t quantize1_i8(float f, float r) {
+  const int q = max(-128, min(127, __float2int_rn(__fmul_rn(f, r))));
+  return static_cast<uint32_t>(q) & 0xFFu;
+}
+
+// 4 values of x (two words of T) -> 4 int8 in memory order, the first in the low byte
 template <typename T>
-__device__ __forceinline__ float row_scale(float amax) { return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max))); }
+__device__ __forceinline__ uint32_t quantize4_i8(uint32_t lo, uint32_t hi, float r) {
+  const float2 a = to_float2<T>(lo), b = to_float2<T>(hi);
+  return quantize1_i8(a.x, r) | (quantize1_i8(a.y, r) << 8) | (quantize1_i8(b.x, r) << 16) |
+         (quantize1_i8(b.y, r) << 24);
+}
+
+// 16 values of x (k 0-7 in a, 8-15 in b) -> 16 int8 in memory order
+template <typename T>
+__device__ __forceinline__ uint4 quantize16_i8(const uint4& a, const uint4& b, float r) {
+  return make_uint4(quantize4_i8<T>(a.x, a.y, r), quantize4_i8<T>(a.z, a.w, r), quantize4_i8<T>(b.x, b.y, r),
+                    quantize4_i8<T>(b.z, b.w, r));
+}
 
 // Above 8 rows every CTA quantizing its rows again costs more than the pass over its weight columns (H100: 32 rows
 // 0.55x Inductor at 2048 -> 5632): one CTA per row first writes the row's e4m3 copy and scale (quantize_rows),
 // and the GEMM (PREQ) widens those.
-template <typename T>
+template <typename T, bool I8>
 __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq,
                                                             float* __restrict__ xs, int k) {
   __shared__ float warp_max[8];
@@ -136,25 +179,31 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
   a = warp_max[0];
 #pragma unroll
   for (int i = 1; i < 8; ++i) a = fmaxf(a, warp_max[i]);
-  const float s = row_scale<T>(a), r = __frcp_rn(s);
+  const float s = row_scale<T, I8>(a), r = __frcp_rn(s);
   if (threadIdx.x == 0) xs[row] = s;
   for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
     const uint4 v = load_cached(x + row * k + kk);
-    const auto pair = [&](uint32_t lo, uint32_t hi) {  // 4 e4m3 in memory order
-      return static_cast<uint32_t>(quantize2<T>(lo, s, r)) | (static_cast<uint32_t>(quantize2<T>(hi, s, r)) << 16);
-    };
-    *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
+    if constexpr (I8) {
+      *reinterpret_cast<uint2*>(xq + row * k + kk) =
+          make_uint2(quantize4_i8<T>(v.x, v.y, r), quantize4_i8<T>(v.z, v.w, r));
+    } else {
+      const auto pair = [&](uint32_t lo, uint32_t hi) {  // 4 e4m3 in memory order
+        return static_cast<uint32_t>(quantize2<T>(lo, s, r)) | (static_cast<uint32_t>(quantize2<T>(hi, s, r)) << 16);
+      };
+      *reinterpret_cast<uint2*>(xq + row * k + kk) = make_uint2(pair(v.x, v.y), pair(v.z, v.w));
+    }
   }
 }
 
-template <typename T, int MT, int NW, int NB, bool HI, bool PREQ>
+template <typename T, int MT, int NW, int NB, bool HI, bool PREQ, bool I8>
 __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp8Params p) {
+  using Acc = std::conditional_t<I8, int, float>;  // I8: exact int32 sums
   constexpr int H = HI ? 2 : 1;
   constexpr int U = MT == 1 ? 4 : MT == 2 ? 2 : 1;  // chunks in flight per lane
   constexpr int F = NB * MT * 4;                    // accumulators per lane and weight
   constexpr int R = 16 * MT;                        // rows per CTA
   static_assert(NW * NB <= 2, "a lane loads at most 2 weight rows per chunk");
-  __shared__ float red[kWarps][NW * F][32];
+  __shared__ Acc red[kWarps][NW * F][32];
   __shared__ float row_s[R], row_r[R];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int n0;
@@ -179,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
   } else {
     for (int r = warp; r < R; r += kWarps) {
       if (m0 + r >= p.m) break;
-      const float s = row_scale<T>(warp_amax(x + static_cast<int64_t>(m0 + r) * p.k, p.k, lane * 8, 32 * 8));
+      const float s = row_scale<T, I8>(warp_amax(x + static_cast<int64_t>(m0 + r) * p.k, p.k, lane * 8, 32 * 8));
       if (lane == 0) {
         row_s[r] = s;
         row_r[r] = __frcp_rn(s);
@@ -197,13 +246,13 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
       rq[i][h] = !PREQ && m0 + r < p.m ? row_r[r] : 1.f;
     }
 
-  float acc[NW * NB][MT][4];  // [weight * NB + column block][tile][fragment]
+  Acc acc[NW * NB][MT][4];  // [weight * NB + column block][tile][fragment]
 #pragma unroll
   for (int b = 0; b < NW * NB; ++b)
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[b][i][c] = 0.f;
+      for (int c = 0; c < 4; ++c) acc[b][i][c] = 0;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
   for (int c0 = warp; c0 < chunks; c0 += kWarps * U) {
@@ -218,7 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
         for (int h = 0; h < H; ++h) {
           const int row = m0 + i * 16 + h * 8 + g;
           const bool ok = kin && row < p.m;
-          if constexpr (PREQ) {  // 16 e4m3 of xq: loaded now, widened with the products
+          if constexpr (PREQ) {  // 16 e4m3 (I8: int8) of xq: loaded now, widened with the products
             const uint8_t* xp = static_cast<const uint8_t*>(p.x) + (ok ? static_cast<int64_t>(row) * p.k + kk : 0);
             a[u][i][h][0] = ok ? load_cached(xp) : zero;
           } else {
@@ -244,22 +293,34 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
       for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int h = 0; h < H; ++h) {
-          if constexpr (PREQ) {
+          if constexpr (PREQ && !I8) {
             const uint4 v = a[u][i][h][0];
             widen16(v, a[u][i][h][0], a[u][i][h][1]);
-          } else {
+          } else if constexpr (I8 && !PREQ) {  // 16 int8 in a[..][0]
+            a[u][i][h][0] = quantize16_i8<T>(a[u][i][h][0], a[u][i][h][1], rq[i][h]);
+          } else if constexpr (!I8) {
 #pragma unroll
             for (int s = 0; s < 2; ++s) a[u][i][h][s] = quantize8<T>(a[u][i][h][s], sq[i][h], rq[i][h]);
           }
         }
 #pragma unroll
       for (int b = 0; b < NW * NB; ++b) {
-        uint4 w0, w1;
-        widen16(q[u][b], w0, w1);
+        if constexpr (I8) {
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          mma_chunk<__half>(acc[b][i], a[u][i][0][0], HI ? a[u][i][H - 1][0] : zero, w0);
-          mma_chunk<__half>(acc[b][i], a[u][i][0][1], HI ? a[u][i][H - 1][1] : zero, w1);
+          for (int i = 0; i < MT; ++i) {
+            const uint4& lo = a[u][i][0][0];
+            const uint4& hi = HI ? a[u][i][H - 1][0] : zero;
+            mma16832_s8(acc[b][i], lo.x, hi.x, lo.y, hi.y, q[u][b].x, q[u][b].y);
+            mma16832_s8(acc[b][i], lo.z, hi.z, lo.w, hi.w, q[u][b].z, q[u][b].w);
+          }
+        } else {
+          uint4 w0, w1;
+          widen16(q[u][b], w0, w1);
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {
+            mma_chunk<__half>(acc[b][i], a[u][i][0][0], HI ? a[u][i][H - 1][0] : zero, w0);
+            mma_chunk<__half>(acc[b][i], a[u][i][0][1], HI ? a[u][i][H - 1][1] : zero, w1);
+          }
         }
       }
     }
@@ -283,32 +344,36 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
     float s[NW];
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
-      s[w] = 0.f;
+      Acc sum = 0;
 #pragma unroll
-      for (int v = 0; v < kWarps; ++v) s[w] += red[v][w * F + f][l];
-      s[w] = s[w] * row_s[r] * wsc[w][col];
+      for (int v = 0; v < kWarps; ++v) sum += red[v][w * F + f][l];
+      if constexpr (I8) {  // torchao: float(int32) * s rounded to T, then * w_scale (rounded to T below)
+        s[w] = __fmul_rn(to_float(from_float<T>(__fmul_rn(__int2float_rn(sum), row_s[r]))), wsc[w][col]);
+      } else {
+        s[w] = sum * row_s[r] * wsc[w][col];
+      }
     }
     out[static_cast<int64_t>(row) * n + col] =
         from_float<T>(decode_gemm::epilogue<T, NW>(p.act, s[0], s[NW - 1], static_cast<const T*>(nullptr), col));
   }
 }
 
-template <typename T, int MT, int NW, int NB, bool HI, bool PREQ>
+template <typename T, int MT, int NW, int NB, bool HI, bool PREQ, bool I8>
 void launch(const Fp8Params& p, int tiles, cudaStream_t stream) {
   const dim3 grid(tiles, (p.m + 16 * MT - 1) / (16 * MT));
-  static const int version = binary_version(decode_linear_fp8_kernel<T, MT, NW, NB, HI, PREQ>);
-  launch_ex(decode_linear_fp8_kernel<T, MT, NW, NB, HI, PREQ>, grid, dim3(kWarps * 32), 0, stream,
+  static const int version = binary_version(decode_linear_fp8_kernel<T, MT, NW, NB, HI, PREQ, I8>);
+  launch_ex(decode_linear_fp8_kernel<T, MT, NW, NB, HI, PREQ, I8>, grid, dim3(kWarps * 32), 0, stream,
             pdl_allowed(version, 'g'), 0, p);
 }
 
 // quantize_rows into buffers of the caching allocator (graph-safe); p.x and p.x_scale then point at them. The
 // returned tensors keep them alive until the GEMM is enqueued.
-template <typename T>
+template <typename T, bool I8 = false>
 std::pair<at::Tensor, at::Tensor> quantize_x(Fp8Params& p, const at::Tensor& x, cudaStream_t stream) {
   at::Tensor xq = at::empty({p.m, p.k}, x.options().dtype(at::kByte));
   at::Tensor xs = at::empty({p.m}, x.options().dtype(at::kFloat));
-  static const int version = binary_version(quantize_rows_kernel<T>);
-  launch_ex(quantize_rows_kernel<T>, dim3(p.m), dim3(256), 0, stream, pdl_allowed(version, 'g'), 0,
+  static const int version = binary_version(quantize_rows_kernel<T, I8>);
+  launch_ex(quantize_rows_kernel<T, I8>, dim3(p.m), dim3(256), 0, stream, pdl_allowed(version, 'g'), 0,
             static_cast<const T*>(p.x), xq.data_ptr<uint8_t>(), xs.data_ptr<float>(), p.k);
   p.x = xq.data_ptr();
   p.x_scale = xs.data_ptr<float>();
@@ -316,14 +381,16 @@ std::pair<at::Tensor, at::Tensor> quantize_x(Fp8Params& p, const at::Tensor& x, 
 }
 
 // The GEMM with NB column blocks per CTA (see launch_fp8); quantized: p.x is already x's e4m3 copy
-template <typename T, int NW, int NB>
+template <typename T, int NW, int NB, bool I8 = false>
 void launch_fp8_tiles(Fp8Params p, const at::Tensor& x, cudaStream_t stream, bool quantized = false) {
-  if (p.m <= 8 && !quantized) return launch<T, 1, NW, NB, false, false>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
+  if (p.m <= 8 && !quantized) {
+    return launch<T, 1, NW, NB, false, false, I8>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
+  }
   std::pair<at::Tensor, at::Tensor> held;
-  if (!quantized) held = quantize_x<T>(p, x, stream);
-  if (p.m <= 16) return launch<T, 1, NW, NB, true, true>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
-  if (p.m <= 32) return launch<T, 2, NW, NB, true, true>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
-  launch<T, 4, NW, 1, true, true>(p, decode_gemm::set_tile_ends(p, 8), stream);
+  if (!quantized) held = quantize_x<T, I8>(p, x, stream);
+  if (p.m <= 16) return launch<T, 1, NW, NB, true, true, I8>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
+  if (p.m <= 32) return launch<T, 2, NW, NB, true, true, I8>(p, decode_gemm::set_tile_ends(p, 8 * NB), stream);
+  launch<T, 4, NW, 1, true, true, I8>(p, decode_gemm::set_tile_ends(p, 8), stream);
 }
 
 // The TMA + wgmma kernel (sm_90a builds, 1-64 rows) after quantize_rows, with the first stages' weight tiles issued
@@ -354,23 +421,30 @@ inline bool fp8_tma_selected(int m) { return decode_gemm::tma_built() && m <= 64
 // weights per CTA; NW = 1 16 of one part (x read by half as many CTAs), except at up to 8 rows where 16 would leave
 // under two CTAs per SM: 8 there (H200, Llama-style N = 2048: q 5.8 -> 5.2 us at 1 row, 6.1 -> 5.5 at 8; down
 // 14.6 -> 12.3, 15.0 -> 13.0; at 32 rows 8 columns measured slower, q 7.1 -> 7.3, down 14.1 -> 14.8).
-template <typename T, int NW>
+//
+// I8 (int8 dynamic): no TMA kernel; otherwise the same choice of launches.
+template <typename T, int NW, bool I8 = false>
 void launch_fp8(Fp8Params p, const at::Tensor& x, cudaStream_t stream) {
-  const debug::DecodeFp8Override o = debug::decode_fp8_override();  // FUSEKIT_DECODE_FP8 (tests, benchmarks)
-  if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m))) && launch_fp8_tma<T, NW>(p, x, stream, o.splits)) {
-    return;
+  if constexpr (!I8) {
+    const debug::DecodeFp8Override o = debug::decode_fp8_override();  // FUSEKIT_DECODE_FP8 (tests, benchmarks)
+    if ((o.kernel == 2 || (o.kernel == -1 && fp8_tma_selected(p.m))) && launch_fp8_tma<T, NW>(p, x, stream, o.splits)) {
+      return;
+    }
   }
   if constexpr (NW == 1) {
     const int forced = debug::decode_fp8_blocks();  // FUSEKIT_DECODE_FP8_BLOCKS (tests, benchmarks)
     if (p.m <= 8 && (forced == 1 || (forced == 0 && decode_gemm::set_tile_ends(p, 16) < 2 * sm_count())))
-      return launch<T, 1, NW, 1, false, false>(p, decode_gemm::set_tile_ends(p, 8), stream);
+      return launch<T, 1, NW, 1, false, false, I8>(p, decode_gemm::set_tile_ends(p, 8), stream);
   }
-  launch_fp8_tiles<T, NW, NW == 2 ? 1 : 2>(p, x, stream);
+  launch_fp8_tiles<T, NW, NW == 2 ? 1 : 2, I8>(p, x, stream);
 }
 
-// The one-weight GEMMs are built once (decode_linear_fp8.cu); decode_qkv_fp8.cu links to them (build time).
-extern template void launch_fp8<__half, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
-extern template void launch_fp8<__nv_bfloat16, 1>(Fp8Params, const at::Tensor&, cudaStream_t);
+// The one-weight GEMMs are built once (decode_linear_fp8.cu, decode_linear_int8dyn.cu); decode_qkv_fp8.cu and
+// decode_qkv_int8dyn.cu link to them (build time).
+extern template void launch_fp8<__half, 1, false>(Fp8Params, const at::Tensor&, cudaStream_t);
+extern template void launch_fp8<__nv_bfloat16, 1, false>(Fp8Params, const at::Tensor&, cudaStream_t);
+extern template void launch_fp8<__half, 1, true>(Fp8Params, const at::Tensor&, cudaStream_t);
+extern template void launch_fp8<__nv_bfloat16, 1, true>(Fp8Params, const at::Tensor&, cudaStream_t);
 
 // Host side: x (16-bit rows, K a multiple of 16) and an e4m3 weight with its float32 [N] / [N, 1] scales.
 inline void check_x(const at::Tensor& x, const char* op) {
@@ -380,11 +454,10 @@ inline void check_x(const at::Tensor& x, const char* op) {
 }
 
 inline void check_weight(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, const char* op,
-                         const char* name) {
-  TORCH_CHECK(w.scalar_type() == at::kFloat8_e4m3fn && w.dim() == 2 && w.size(1) == x.size(-1) &&
-                  w.device() == x.device(),
-              "fusekit: ", op, ": ", name, " must be a float8_e4m3fn [N, K] on x's device with K = x.shape[-1]; got x ",
-              describe(x), ", ", name, " ", describe(w));
+                         const char* name, at::ScalarType wdtype = at::kFloat8_e4m3fn) {
+  TORCH_CHECK(w.scalar_type() == wdtype && w.dim() == 2 && w.size(1) == x.size(-1) && w.device() == x.device(),
+              "fusekit: ", op, ": ", name, " must be a ", wdtype == at::kChar ? "int8" : "float8_e4m3fn",
+              " [N, K] on x's device with K = x.shape[-1]; got x ", describe(x), ", ", name, " ", describe(w));
   TORCH_CHECK(w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) < (int64_t{1} << 28), "fusekit: ", op, ": ",
               name, " must be contiguous and 16-byte aligned; got ", describe(w));
   TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.numel() == w.size(0) && w_scale.is_contiguous() &&

@@ -50,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> decode_qkv_fp8_cuda(const at::Ten
   }
   if (p.parts > 0) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 1>(p, x, stream); });
+    dispatch_half_bf16(x.scalar_type(), [&](auto tag) { decode_fp8::launch_fp8<decltype(tag), 1, false>(p, x, stream); });
   }
   return {outs[0], outs[1], outs[2]};
 }
