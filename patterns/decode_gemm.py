@@ -28,10 +28,13 @@ int8 weight-only linears (torchao's Int8WeightOnlyConfig: ``F.linear(x, w.to(x.d
 dynamic per-row linears (x quantized per row, aten._scaled_mm) take ``fusekit::decode_linear_fp8``, the
 quantization included, up to 32 rows (an LM-head-wide one at one row): 1.19-2.02x Inductor's (H200); q/k/v of one x
 take ``decode_qkv_fp8`` and gate/up with their product ``decode_gate_up_fp8`` (one launch each, x quantized once).
-torchao's int8 dynamic-activation linears (x quantized per row by Inductor's kernel, then aten._int_mm and a kernel
-for both scales) take ``fusekit::decode_linear_w8a8`` after the quantization, up to 32 rows: exact int32 sums and
-torchao's two roundings in one launch. cuBLAS's aten._int_mm refuses 16 rows or fewer (Inductor's step fails there);
-at 32 rows the op measured 1.32-1.96x Inductor's GEMM and scales kernel, at 64 0.53-1.48x (H200, benchmarks/RESULTS.md).
+torchao's int8 dynamic-activation linears (x quantized per row, then aten._int_mm and a kernel for both scales) take
+``fusekit::decode_linear_int8dyn`` whole, x's quantization included (q/k/v of one x ``decode_qkv_int8dyn``, gate/up
+with their product ``decode_gate_up_int8dyn``; the fp8 ops' kernel with int8 products), up to 32 rows: exact int32
+sums, torchao's two roundings, eager's output to the bit. Where those do not fire, the GEMM after Inductor's
+quantization of x is ``fusekit::decode_linear_w8a8``. cuBLAS's aten._int_mm refuses 16 rows or fewer (Inductor's step
+fails there); at 32 rows the w8a8 op measured 1.32-1.96x Inductor's GEMM and scales kernel, at 64 0.53-1.48x, and the
+Llama-style int8 dynamic step with every linear whole 7.85x Inductor's at batch 32 (H200, benchmarks/RESULTS.md).
 
 Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
 for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a

@@ -112,7 +112,14 @@ __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
 
 // max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
 // (exact: the max of 16-bit values)
-template <typename T>
+// max of two values >= 0 (or NaN with its sign cleared): NANP keeps a NaN as torch's amax does (as bits, a positive
+// NaN is above infinity), else fmaxf, which drops it
+template <bool NANP>
+__device__ __forceinline__ float amax2(float a, float b) {
+  return NANP ? __uint_as_float(max(__float_as_uint(a), __float_as_uint(b))) : fmaxf(a, b);
+}
+
+template <typename T, bool NANP = false>
 __device__ __forceinline__ float warp_amax(const T* x, int k, int first, int stride) {
   float a = 0.f;
   for (int kk = first; kk < k; kk += stride) {
@@ -121,20 +128,22 @@ __device__ __forceinline__ float warp_amax(const T* x, int k, int first, int str
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 f = to_float2<T>(w[i]);
-      a = fmaxf(a, fmaxf(fabsf(f.x), fabsf(f.y)));
+      a = amax2<NANP>(a, amax2<NANP>(fabsf(f.x), fabsf(f.y)));
     }
   }
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  for (int o = 16; o > 0; o /= 2) a = amax2<NANP>(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
   return a;
 }
 
 // the row's scale from its max |x|: amax / 448 rounded to x's dtype (as eager divides a T tensor), as a float
-// I8: amax / 127.5 rounded to x's dtype, floored at float32's eps, rounded to x's dtype again (eps is exact in both)
+// I8: amax / 127.5 rounded to x's dtype, floored at float32's eps, rounded to x's dtype again (eps is exact in both);
+// a NaN amax (I8 keeps it: warp_amax NANP) stays NaN through the floor, as torch's clamp_min: the row's output NaN
 template <typename T, bool I8 = false>
 __device__ __forceinline__ float row_scale(float amax) {
   if constexpr (I8) {
-    return to_float(from_float<T>(fmaxf(to_float(from_float<T>(__fdiv_rn(amax, kInt8Div))), kInt8Eps)));
+    const float s = to_float(from_float<T>(__fdiv_rn(amax, kInt8Div)));
+    return to_float(from_float<T>(s != s ? s : fmaxf(s, kInt8Eps)));
   } else {
     return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max)));
   }
@@ -173,12 +182,12 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const T* __restrict_
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_wait();
   pdl_trigger();  // the GEMM after may start (its weights' loads): its pdl_wait still waits for this grid's end
-  float a = warp_amax(x + row * k, k, threadIdx.x * 8, 256 * 8);
+  float a = warp_amax<T, I8>(x + row * k, k, threadIdx.x * 8, 256 * 8);
   if (lane == 0) warp_max[warp] = a;
   __syncthreads();
   a = warp_max[0];
 #pragma unroll
-  for (int i = 1; i < 8; ++i) a = fmaxf(a, warp_max[i]);
+  for (int i = 1; i < 8; ++i) a = amax2<I8>(a, warp_max[i]);
   const float s = row_scale<T, I8>(a), r = __frcp_rn(s);
   if (threadIdx.x == 0) xs[row] = s;
   for (int kk = threadIdx.x * 8; kk < k; kk += 256 * 8) {
@@ -228,7 +237,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
   } else {
     for (int r = warp; r < R; r += kWarps) {
       if (m0 + r >= p.m) break;
-      const float s = row_scale<T, I8>(warp_amax(x + static_cast<int64_t>(m0 + r) * p.k, p.k, lane * 8, 32 * 8));
+      const float s =
+          row_scale<T, I8>(warp_amax<T, I8>(x + static_cast<int64_t>(m0 + r) * p.k, p.k, lane * 8, 32 * 8));
       if (lane == 0) {
         row_s[r] = s;
         row_r[r] = __frcp_rn(s);
