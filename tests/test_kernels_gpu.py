@@ -712,6 +712,33 @@ INT8DYN_RULES = ("decode_gemm.linear_int8dyn", "decode_gemm.linear_int8dyn_2d", 
                  "decode_gemm.gate_up_gelu_tanh_int8dyn", "decode_gemm.gate_up_gelu_tanh_int8dyn_2d")
 
 
+def _torchao_int8_stack_fires(dtype, site, options):
+    """Three torchao int8 dynamic linears compiled (with `options`) fire `site` at each, at 1 row (where aten._int_mm
+    refuses: eager through padded rows) and 32, within the 2x rule of Inductor's error. Nothing without torchao."""
+    import fusion_backend
+    from fusion_backend.tools.decode_bench import _int_mm_rows_padded
+
+    for rows in (1, 32) if _has_torchao() else ():
+        torch.manual_seed(rows)
+        model = torch.nn.Sequential(*(torch.nn.Linear(k, n, bias=False) for k, n in ((2048, 5632), (5632, 2048),
+                                                                                     (2048, 2048)))).to("cuda", dtype)
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        quantize_(model, Int8DynamicActivationInt8WeightConfig())
+        x = torch.randn(rows, 1, 2048, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            with _int_mm_rows_padded():
+                want = model(x)
+            rep = fusion_backend.explain(model, x, options=options)
+            assert rep.sites[site] == 3, str(rep)
+            err = (rep.output.float() - want.float()).abs().max().item()
+            if rows > 16:  # Inductor's aten._int_mm runs
+                torch._dynamo.reset()
+                err_ind = (torch.compile(model)(x).float() - want.float()).abs().max().item()
+                assert err <= 2 * err_ind + 1e-3 * want.float().abs().max().item(), (err, err_ind)
+            else:
+                assert err <= 2e-2 * want.float().abs().max().item(), err
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_int8dyn_rows_zero_rows_torchao_and_bad_calls(dtype):
     """decode_linear_int8dyn, decode_qkv_int8dyn and decode_gate_up_int8dyn (torchao's int8 dynamic per-row linears,
@@ -719,8 +746,6 @@ def test_decode_int8dyn_rows_zero_rows_torchao_and_bad_calls(dtype):
     CTA quantizes), 9-64 (quantize_rows first), K and N tails; a row of zeros (scale floored at eps) and a row whose
     scale rounds; a torchao-quantized stack compiled fires at every linear at 1 row (where aten._int_mm refuses: eager
     through padded rows) and 32, within the 2x rule of Inductor's error; bad calls raise fusekit errors."""
-    from fusion_backend.tools.decode_bench import _int_mm_rows_padded
-
     sfx = "_2d"
     lin, qkv, gu = (table.by_id(f"decode_gemm.{n}{sfx}") for n in ("linear_int8dyn", "qkv_int8dyn",
                                                                      "gate_up_silu_int8dyn"))
@@ -736,27 +761,7 @@ def test_decode_int8dyn_rows_zero_rows_torchao_and_bad_calls(dtype):
     args[0][2] *= 1e-4  # tiny row: its scale's rounding decides
     _check(lin, args, _run(lin, args))
     assert torch.equal(_run(lin, args)[1], torch.zeros_like(args[0][1, :136]))
-    import fusion_backend
-
-    for rows in (1, 32) if _has_torchao() else ():  # torchao-quantized linears compiled
-        torch.manual_seed(rows)
-        model = torch.nn.Sequential(*(torch.nn.Linear(k, n, bias=False) for k, n in ((2048, 5632), (5632, 2048),
-                                                                                     (2048, 2048)))).to("cuda", dtype)
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
-        quantize_(model, Int8DynamicActivationInt8WeightConfig())
-        x = torch.randn(rows, 1, 2048, device="cuda", dtype=dtype)
-        with torch.no_grad():
-            with _int_mm_rows_padded():
-                want = model(x)
-            rep = fusion_backend.explain(model, x)
-            assert rep.sites["decode_gemm.linear_int8dyn"] == 3, str(rep)
-            err = (rep.output.float() - want.float()).abs().max().item()
-            if rows > 16:  # Inductor's aten._int_mm runs
-                torch._dynamo.reset()
-                err_ind = (torch.compile(model)(x).float() - want.float()).abs().max().item()
-                assert err <= 2 * err_ind + 1e-3 * want.float().abs().max().item(), (err, err_ind)
-            else:
-                assert err <= 2e-2 * want.float().abs().max().item(), err
+    _torchao_int8_stack_fires(dtype, "decode_gemm.linear_int8dyn", {})
     x, w, s = lin.make_args((5, 1024, 136), dtype, "cuda")
     wq, sq, wk, sk, wv, sv = qkv.make_args((5, 1024, 136, 24), dtype, "cuda")[1:]
     ops = torch.ops.fusekit
@@ -780,8 +785,6 @@ def test_decode_linear_w8a8_rows_graphs_torchao_and_bad_calls(dtype):
     sums past 2^24 (float32(int32) rounds as eager's cast does); inside a CUDA graph; a torchao-quantized stack
     compiled fires at every linear, at 1 row (where aten._int_mm refuses: eager through padded rows) and 32, within
     the 2x rule of Inductor's error; bad calls raise fusekit errors."""
-    from fusion_backend.tools.decode_bench import _int_mm_rows_padded
-
     p, op = table.by_id(f"decode_gemm.linear_w8a8_{str(dtype)[6:]}_2d"), torch.ops.fusekit.decode_linear_w8a8
     for m in (1, 8, 16, 17, 33, 64, 70):
         for k, n in ((80, 200), (2048, 5632), (5632, 2048)):
@@ -797,27 +800,8 @@ def test_decode_linear_w8a8_rows_graphs_torchao_and_bad_calls(dtype):
     g.replay()
     torch.cuda.synchronize()
     _check(p, args, got)
-    import fusion_backend
-
-    for rows in (1, 32) if _has_torchao() else ():  # torchao-quantized linears compiled
-        torch.manual_seed(rows)
-        model = torch.nn.Sequential(*(torch.nn.Linear(k, n, bias=False) for k, n in ((2048, 5632), (5632, 2048),
-                                                                                     (2048, 2048)))).to("cuda", dtype)
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
-        quantize_(model, Int8DynamicActivationInt8WeightConfig())
-        x = torch.randn(rows, 1, 2048, device="cuda", dtype=dtype)
-        with torch.no_grad():
-            with _int_mm_rows_padded():
-                want = model(x)
-            rep = fusion_backend.explain(model, x, options={"disable": list(INT8DYN_RULES)})  # (they fire first)
-            assert rep.sites[f"decode_gemm.linear_w8a8_{str(dtype)[6:]}"] == 3, str(rep)
-            err = (rep.output.float() - want.float()).abs().max().item()
-            if rows > 16:  # Inductor's aten._int_mm runs
-                torch._dynamo.reset()
-                err_ind = (torch.compile(model)(x).float() - want.float()).abs().max().item()
-                assert err <= 2 * err_ind + 1e-3 * want.float().abs().max().item(), (err, err_ind)
-            else:
-                assert err <= 2e-2 * want.float().abs().max().item(), err
+    # (the int8dyn rules fire first where enabled)
+    _torchao_int8_stack_fires(dtype, f"decode_gemm.linear_w8a8_{str(dtype)[6:]}", {"disable": list(INT8DYN_RULES)})
     xq, xs, w, ws = args
     for bad, match in (((xq[:, :1000].contiguous(), xs, w[:, :1000].contiguous(), ws, dtype), "multiple of 16"),
                        ((xq.float(), xs, w, ws, dtype), "xq must be contiguous"),

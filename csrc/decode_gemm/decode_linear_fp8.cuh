@@ -32,11 +32,17 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_fp8.h>
+
+#include <string>
+#include <tuple>
 
 #include "debug_overrides.h"                 // FUSEKIT_DECODE_FP8_BLOCKS, FUSEKIT_DECODE_FP8
 #include "decode_gemm/decode_linear.cuh"      // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
 #include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_fp8
+#include "dtype_dispatch.cuh"
 
 namespace fusekit {
 namespace decode_fp8 {
@@ -475,6 +481,88 @@ inline void check_weight(const at::Tensor& x, const at::Tensor& w, const at::Ten
                   w_scale.device() == x.device(),
               "fusekit: ", op, ": ", name, "'s scales must be a contiguous float32 [N] or [N, 1] on x's device; got ",
               name, " ", describe(w), ", scales ", describe(w_scale));
+}
+
+
+// ---- the ops' host side: decode_linear_, decode_qkv_ and decode_gate_up_ fp8 / int8dyn (I8) ----
+// x (16-bit rows, K a multiple of 16) and each weight (e4m3, or int8 where I8) with its float32 [N] / [N, 1] scales
+// checked; outputs of x's dtype; the GEMM on the current stream.
+
+template <bool I8>
+at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, const char* op) {
+  const at::ScalarType wdtype = I8 ? at::kChar : at::kFloat8_e4m3fn;
+  check_x(x, op);
+  check_weight(x, w, w_scale, op, "w", wdtype);
+  const int64_t m = decode_gemm::rows(x, op);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = decode_gemm::out_like(x, w.size(0));
+  if (out.numel() == 0) return out;
+  Fp8Params p{};
+  p.x = x.data_ptr(), p.m = static_cast<int>(m), p.k = static_cast<int>(x.size(-1)), p.parts = 1;
+  p.w[0] = w.data_ptr(), p.w_scale[0] = w_scale.data_ptr<float>(), p.out[0] = out.data_ptr();
+  p.n[0] = static_cast<int>(w.size(0));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_fp8<decltype(tag), 1, I8>(p, x, stream); });
+  return out;
+}
+
+// q, k and v of one x: the three weights' column tiles side by side in one grid (decode_qkv's layout)
+template <bool I8>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_op(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& sq,
+                                                      const at::Tensor& wk, const at::Tensor& sk, const at::Tensor& wv,
+                                                      const at::Tensor& sv, const char* op) {
+  const at::ScalarType wdtype = I8 ? at::kChar : at::kFloat8_e4m3fn;
+  check_x(x, op);
+  check_weight(x, wq, sq, op, "wq", wdtype);
+  check_weight(x, wk, sk, op, "wk", wdtype);
+  check_weight(x, wv, sv, op, "wv", wdtype);
+  const int64_t m = decode_gemm::rows(x, op);
+  const at::Tensor* ws[3] = {&wq, &wk, &wv};
+  const at::Tensor* ss[3] = {&sq, &sk, &sv};
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor outs[3] = {decode_gemm::out_like(x, wq.size(0)), decode_gemm::out_like(x, wk.size(0)),
+                        decode_gemm::out_like(x, wv.size(0))};
+  if (m == 0) return {outs[0], outs[1], outs[2]};
+  Fp8Params p{};
+  p.x = x.data_ptr(), p.m = static_cast<int>(m), p.k = static_cast<int>(x.size(-1));
+  for (int i = 0; i < 3; ++i) {  // parts with no columns are left out (the grid counts the column tiles)
+    if (ws[i]->size(0) == 0) continue;
+    p.w[p.parts] = ws[i]->data_ptr(), p.w_scale[p.parts] = ss[i]->data_ptr<float>();
+    p.out[p.parts] = outs[i].data_ptr(), p.n[p.parts] = static_cast<int>(ws[i]->size(0));
+    ++p.parts;
+  }
+  if (p.parts > 0) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_fp8<decltype(tag), 1, I8>(p, x, stream); });
+  }
+  return {outs[0], outs[1], outs[2]};
+}
+
+// gate and up of one x (one N) with act(gate) * up: each CTA holds the same columns of both weights
+template <bool I8>
+at::Tensor gate_up_op(const at::Tensor& x, const at::Tensor& wg, const at::Tensor& sg, const at::Tensor& wu,
+                      const at::Tensor& su, const std::string& act, const char* op) {
+  const at::ScalarType wdtype = I8 ? at::kChar : at::kFloat8_e4m3fn;
+  TORCH_CHECK(act == "silu_mul" || act == "gelu_tanh_mul", "fusekit: ", op,
+              ": act must be \"silu_mul\" or \"gelu_tanh_mul\"; got \"", act, "\"");
+  check_x(x, op);
+  check_weight(x, wg, sg, op, "wg", wdtype);
+  check_weight(x, wu, su, op, "wu", wdtype);
+  TORCH_CHECK(wg.size(0) == wu.size(0), "fusekit: ", op, ": wg and wu must have one N; got wg ", describe(wg),
+              ", wu ", describe(wu));
+  const int64_t m = decode_gemm::rows(x, op);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = decode_gemm::out_like(x, wg.size(0));
+  if (out.numel() == 0) return out;
+  Fp8Params p{};
+  p.x = x.data_ptr(), p.m = static_cast<int>(m), p.k = static_cast<int>(x.size(-1)), p.parts = 1;
+  p.w[0] = wg.data_ptr(), p.w[1] = wu.data_ptr();
+  p.w_scale[0] = sg.data_ptr<float>(), p.w_scale[1] = su.data_ptr<float>();
+  p.out[0] = out.data_ptr(), p.n[0] = static_cast<int>(wg.size(0));
+  p.act = act == "silu_mul" ? decode_gemm::kSiluMul : decode_gemm::kGeluTanhMul;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_half_bf16(x.scalar_type(), [&](auto tag) { launch_fp8<decltype(tag), 2, I8>(p, x, stream); });
+  return out;
 }
 
 }  // namespace decode_fp8
