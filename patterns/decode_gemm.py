@@ -590,8 +590,7 @@ def _w8a8_inputs(case, dt, dev):
     *rows, k, n = case
     return (torch.randint(-128, 128, (*rows, k), device=dev, dtype=torch.int8),
             (torch.rand(*rows, 1, device=dev) * 0.05 + 1e-3).to(torch.bfloat16).float(),  # torchao's: bf16-valued
-            torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8),
-            torch.rand(n, 1, device=dev) * 1e-3 / k ** 0.5 + 1e-5)
+            *_int8_weight(n, k, dev))
 
 
 def _w8a8_rule(rank: int, out: torch.dtype) -> Pattern:

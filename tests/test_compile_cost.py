@@ -34,8 +34,8 @@ NOTHING_FIRES_IN_PREFILL = {"phi3"}
 
 
 @pytest.mark.slow
-# each model in one dtype, float32 and float16 by turns (both dtypes' rule sets bounded; half the compiles of CI)
-@pytest.mark.parametrize("name,dtype", [(n, (torch.float32, torch.float16)[i % 2]) for i, n in enumerate(models.MODELS)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", list(models.MODELS))
 def test_match_attempts_per_node_are_bounded(name, dtype):
     model, inputs, _ = models.make(name, "cpu", dtype=dtype)
     with torch.no_grad():

@@ -14,7 +14,8 @@
 // Up to 8 rows it first finds the max |x| of its rows (warp per row), then each lane quantizes the 16 k of x it
 // multiplies: one launch, no fp8 copy of x. Above 8 rows quantize_rows writes x's e4m3 copy and the rows' scales
 // first (a CTA per row; buffers from the caching allocator) and the GEMM (PREQ) widens those: the weights of one x
-// share one quantization either way.
+// share one quantization either way. fp8 values are exact in float16, so x and w are widened to float16 and
+// m16n8k16 takes them whatever x's dtype (cvt e4m3x2 -> f16x2: sm_89+ hardware). On sm_90+ launched with PDL.
 //
 // I8: the same launches for torchao's int8 dynamic per-row linears (Int8DynamicActivationInt8WeightConfig;
 // fusekit::decode_linear_int8dyn, decode_qkv_int8dyn, decode_gate_up_int8dyn), each linear of x computing
@@ -26,8 +27,7 @@
 // with int8 x int8 m16n8k32 products into exact int32 sums and both of torchao's roundings in the epilogue: the
 // quantized x and the output are eager's to the bit (the gated product: act(gate) * up rounded as eager, act by
 // fast_silu / fast_gelu_tanh). A lane's 16 int8 of x and of each weight row feed two m16n8k32 (words 0-1, then
-// 2-3): the same k permutation for both operands. No TMA kernel: the mma.sync one on every build. fp8 values are exact in float16, so x and w are widened to float16 and
-// m16n8k16 takes them whatever x's dtype (cvt e4m3x2 -> f16x2: sm_89+ hardware). On sm_90+ launched with PDL.
+// 2-3): the same k permutation for both operands. No TMA kernel: the mma.sync one on every build.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -116,8 +116,6 @@ __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
                     widen2(quantize2<T>(v.w, s, r)));
 }
 
-// max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
-// (exact: the max of 16-bit values)
 // max of two values >= 0 (or NaN with its sign cleared): NANP keeps a NaN as torch's amax does (as bits, a positive
 // NaN is above infinity), else fmaxf, which drops it
 template <bool NANP>
@@ -125,6 +123,8 @@ __device__ __forceinline__ float amax2(float a, float b) {
   return NANP ? __uint_as_float(max(__float_as_uint(a), __float_as_uint(b))) : fmaxf(a, b);
 }
 
+// max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
+// (exact: the max of 16-bit values)
 template <typename T, bool NANP = false>
 __device__ __forceinline__ float warp_amax(const T* x, int k, int first, int stride) {
   float a = 0.f;
@@ -309,12 +309,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_fp8_kernel(const Fp
       for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int h = 0; h < H; ++h) {
-          if constexpr (PREQ && !I8) {
+          if constexpr (I8) {  // 16 int8 in a[..][0] (PREQ: as loaded)
+            if constexpr (!PREQ) a[u][i][h][0] = quantize16_i8<T>(a[u][i][h][0], a[u][i][h][1], rq[i][h]);
+          } else if constexpr (PREQ) {
             const uint4 v = a[u][i][h][0];
             widen16(v, a[u][i][h][0], a[u][i][h][1]);
-          } else if constexpr (I8 && !PREQ) {  // 16 int8 in a[..][0]
-            a[u][i][h][0] = quantize16_i8<T>(a[u][i][h][0], a[u][i][h][1], rq[i][h]);
-          } else if constexpr (!I8) {
+          } else {
 #pragma unroll
             for (int s = 0; s < 2; ++s) a[u][i][h][s] = quantize8<T>(a[u][i][h][s], sq[i][h], rq[i][h]);
           }
@@ -462,7 +462,7 @@ extern template void launch_fp8<__nv_bfloat16, 1, false>(Fp8Params, const at::Te
 extern template void launch_fp8<__half, 1, true>(Fp8Params, const at::Tensor&, cudaStream_t);
 extern template void launch_fp8<__nv_bfloat16, 1, true>(Fp8Params, const at::Tensor&, cudaStream_t);
 
-// Host side: x (16-bit rows, K a multiple of 16) and an e4m3 weight with its float32 [N] / [N, 1] scales.
+// Host side: x (16-bit rows, K a multiple of 16) and an e4m3 (I8: int8) weight with its float32 [N] / [N, 1] scales.
 inline void check_x(const at::Tensor& x, const char* op) {
   decode_gemm::check_x(x, op);
   TORCH_CHECK(x.size(-1) % 16 == 0, "fusekit: ", op, ": K = x.shape[-1] must be a multiple of 16; got x ",
@@ -483,14 +483,14 @@ inline void check_weight(const at::Tensor& x, const at::Tensor& w, const at::Ten
               name, " ", describe(w), ", scales ", describe(w_scale));
 }
 
-
 // ---- the ops' host side: decode_linear_, decode_qkv_ and decode_gate_up_ fp8 / int8dyn (I8) ----
-// x (16-bit rows, K a multiple of 16) and each weight (e4m3, or int8 where I8) with its float32 [N] / [N, 1] scales
-// checked; outputs of x's dtype; the GEMM on the current stream.
+// x and each weight checked (check_x, check_weight); outputs of x's dtype; the GEMM on the current stream.
+
+constexpr at::ScalarType weight_dtype(bool i8) { return i8 ? at::kChar : at::kFloat8_e4m3fn; }
 
 template <bool I8>
 at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, const char* op) {
-  const at::ScalarType wdtype = I8 ? at::kChar : at::kFloat8_e4m3fn;
+  constexpr at::ScalarType wdtype = weight_dtype(I8);
   check_x(x, op);
   check_weight(x, w, w_scale, op, "w", wdtype);
   const int64_t m = decode_gemm::rows(x, op);
@@ -511,7 +511,7 @@ template <bool I8>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_op(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& sq,
                                                       const at::Tensor& wk, const at::Tensor& sk, const at::Tensor& wv,
                                                       const at::Tensor& sv, const char* op) {
-  const at::ScalarType wdtype = I8 ? at::kChar : at::kFloat8_e4m3fn;
+  constexpr at::ScalarType wdtype = weight_dtype(I8);
   check_x(x, op);
   check_weight(x, wq, sq, op, "wq", wdtype);
   check_weight(x, wk, sk, op, "wk", wdtype);
@@ -542,7 +542,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_op(const at::Tensor& x, const
 template <bool I8>
 at::Tensor gate_up_op(const at::Tensor& x, const at::Tensor& wg, const at::Tensor& sg, const at::Tensor& wu,
                       const at::Tensor& su, const std::string& act, const char* op) {
-  const at::ScalarType wdtype = I8 ? at::kChar : at::kFloat8_e4m3fn;
+  constexpr at::ScalarType wdtype = weight_dtype(I8);
   TORCH_CHECK(act == "silu_mul" || act == "gelu_tanh_mul", "fusekit: ", op,
               ": act must be \"silu_mul\" or \"gelu_tanh_mul\"; got \"", act, "\"");
   check_x(x, op);
