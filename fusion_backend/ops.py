@@ -76,12 +76,17 @@ OPS = {
                             any_strides=True, out_like_first=True, cuda_dtypes=HALF),
     # the linears of a few rows: x [..., K] @ w[N, K]^T; act "silu_mul": silu(x w^T) * (x w2^T); "gelu_tanh_mul":
     # gelu_tanh(x w^T) * (x w2^T); "silu_mul_halves": w [2N, K] holds gate then up rows, silu(x w[:N]^T) * (x w[N:]^T);
-    # "none", "gelu", "gelu_tanh": act(x w^T + b), b None or [N]
-    "decode_linear": OpSpec("decode_linear(Tensor x, Tensor w, Tensor? w2, str act, Tensor? b=None) -> Tensor",
-                            cuda_dtypes=HALF),
+    # "none", "gelu", "gelu_tanh": act(x w^T + b), b None or [N]; r None or a residual added to the result
+    "decode_linear": OpSpec("decode_linear(Tensor x, Tensor w, Tensor? w2, str act, Tensor? b=None, "
+                            "Tensor? r=None) -> Tensor", cuda_dtypes=HALF),
     # q, k and v of one input in one launch: x [..., K] @ wq/wk/wv[N*, K]^T (+ bq/bk/bv [N*])
     "decode_qkv": OpSpec("decode_qkv(Tensor x, Tensor wq, Tensor wk, Tensor wv, Tensor? bq=None, Tensor? bk=None, "
                          "Tensor? bv=None) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
+    # the same two of transformers' RMSNorm of h [..., K] (weight norm_w [K], eps): the norm inside the launch
+    "decode_rms_linear": OpSpec("decode_rms_linear(Tensor h, Tensor norm_w, Tensor w, Tensor? w2, str act, "
+                                "Tensor? b, float eps) -> Tensor", cuda_dtypes=HALF),
+    "decode_rms_qkv": OpSpec("decode_rms_qkv(Tensor h, Tensor norm_w, Tensor wq, Tensor wk, Tensor wv, Tensor? bq, "
+                             "Tensor? bk, Tensor? bv, float eps) -> (Tensor, Tensor, Tensor)", cuda_dtypes=HALF),
     # an int8 weight-only linear (w8a16) of a few rows: x [..., K] @ w.to(x.dtype)[N, K]^T * scales [N], rounded once
     # (aten._weight_int8pack_mm's contract; torchao's Int8WeightOnlyConfig)
     "decode_linear_w8": OpSpec("decode_linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor", cuda_dtypes=HALF),
@@ -286,7 +291,7 @@ def _decode_attention_roll_fake(q, k, v, new_k, new_v, mask, scale, softcap=0.0)
 
 
 @torch.library.register_fake("fusekit::decode_linear")
-def _(x, w, w2, act, b=None):
+def _decode_linear_fake(x, w, w2, act, b=None, r=None):
     torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1],
                  lambda: f"decode_linear: want x [..., K], w [N, K]; got {tuple(x.shape)}, {tuple(w.shape)}")
     torch._check((act in ("silu_mul", "gelu_tanh_mul")) == (w2 is not None)
@@ -297,11 +302,32 @@ def _(x, w, w2, act, b=None):
                          f"w {tuple(w.shape)}, b {tuple(b.shape)}")
     halves = act == "silu_mul_halves"
     torch._check(not halves or w.shape[0] % 2 == 0, lambda: f"decode_linear: {act} needs an even N, got {w.shape[0]}")
-    return x.new_empty((*x.shape[:-1], w.shape[0] // 2 if halves else w.shape[0]))  # contiguous
+    out = x.new_empty((*x.shape[:-1], w.shape[0] // 2 if halves else w.shape[0]))  # contiguous
+    torch._check(r is None or tuple(r.shape) == tuple(out.shape),
+                 lambda: f"decode_linear: the residual must be shaped as the output {tuple(out.shape)}, got "
+                         f"{tuple(r.shape)}")
+    return out
+
+
+def _norm_check(op, h, norm_w):
+    torch._check(norm_w.dim() == 1 and norm_w.shape[0] == h.shape[-1],
+                 lambda: f"{op}: want norm_w [K] of h [..., K]; got {tuple(norm_w.shape)}, {tuple(h.shape)}")
+
+
+@torch.library.register_fake("fusekit::decode_rms_linear")
+def _(h, norm_w, w, w2, act, b, eps):
+    _norm_check("decode_rms_linear", h, norm_w)
+    return _decode_linear_fake(h, w, w2, act, b)
+
+
+@torch.library.register_fake("fusekit::decode_rms_qkv")
+def _(h, norm_w, wq, wk, wv, bq, bk, bv, eps):
+    _norm_check("decode_rms_qkv", h, norm_w)
+    return _decode_qkv_fake(h, wq, wk, wv, bq, bk, bv)
 
 
 @torch.library.register_fake("fusekit::decode_qkv")
-def _(x, wq, wk, wv, bq=None, bk=None, bv=None):
+def _decode_qkv_fake(x, wq, wk, wv, bq=None, bk=None, bv=None):
     for w, b in ((wq, bq), (wk, bk), (wv, bv)):
         torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1] and (b is None or tuple(b.shape) == (w.shape[0],)),
                      lambda: f"decode_qkv: want x [..., K], w [N, K], b None or [N]; got {tuple(x.shape)}, "

@@ -48,6 +48,7 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
 from fusion_backend import guards as G
+from fusion_backend.collectives import rms_norm_ref
 from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.OPS: the CUDA kernels take 16 bits)
@@ -67,7 +68,12 @@ WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weig
 
 
 def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none",
-                      b: Tensor | None = None) -> Tensor:
+                      b: Tensor | None = None, r: Tensor | None = None) -> Tensor:
+    y = _linear_act(x, w, w2, act, b)
+    return y if r is None else y + r  # a residual add after the o or down projection
+
+
+def _linear_act(x: Tensor, w: Tensor, w2: Tensor | None, act: str, b: Tensor | None) -> Tensor:
     y = F.linear(x, w, b)
     if act == "silu_mul_halves":  # one [2N, K] weight of gate rows then up rows (Phi-3's gate_up_proj)
         gate, up = y.chunk(2, dim=-1)
@@ -77,6 +83,12 @@ def decode_linear_ref(x: Tensor, w: Tensor, w2: Tensor | None = None, act: str =
     if act in ("gelu", "gelu_tanh"):  # an MLP's up projection with its bias (GPT-NeoX, Phi-2, GPT-J)
         return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
+
+
+def decode_rms_linear_ref(h: Tensor, norm_w: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none",
+                          b: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """transformers' RMSNorm of h (Llama, Mistral, Qwen2/3), then decode_linear_ref's linear or gate/up of it."""
+    return decode_linear_ref(rms_norm_ref(h, norm_w, eps), w, w2, act, b)
 
 
 def decode_linear_w8_ref(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
@@ -277,6 +289,13 @@ def decode_qkv_ref(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor | N
     return F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
 
 
+def decode_rms_qkv_ref(h: Tensor, norm_w: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor | None = None,
+                       bk: Tensor | None = None, bv: Tensor | None = None,
+                       eps: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """transformers' RMSNorm of h, then q, k and v of it (a decoder layer's input_layernorm and projections)."""
+    return decode_qkv_ref(rms_norm_ref(h, norm_w, eps), wq, wk, wv, bq, bk, bv)
+
+
 # ---- checks ----------------------------------------------------------------------------------------
 def weight_operands(x: str, *weights: str, one_shape: bool = True, halves: bool = False) -> G.Guard:
     """Can fire: plain int sizes; x [..., K] contiguous; each weight a contiguous [N, K] (nn.Linear's), one
@@ -463,15 +482,17 @@ def _gelu_new_of_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
 
 
 def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "silu_mul",
-          bias: bool = False) -> Pattern:
+          bias: bool = False, residual: bool = False) -> Pattern:
     """A decode_linear rule: gated (two weights, or one in halves) with `act`'s gated epilogue, or one weight,
-    with a bias and `act` ("none", "gelu", "gelu_tanh") where `bias`."""
+    with a bias and `act` ("none", "gelu", "gelu_tanh") where `bias`, or a residual added where `residual`."""
     static = {"act": "silu_mul_halves", "w2": None} if halves else {"act": act} if gated else \
         {"act": act if bias else "none", "w2": None}
     if not bias:
         static["b"] = None
+    if not residual:
+        static["r"] = None
     weights = ("w", "w2") if gated and not halves else ("w",)
-    make = _inputs(gated, halves, bias)
+    make = _residual_inputs(_inputs(gated, halves, bias)) if residual else _inputs(gated, halves, bias)
     trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
     pid = f"decode_gemm.{name}{'' if rank == 3 else '_2d'}"
     variants = (_up_times_silu_gate,) if halves else (_gelu_new_of_linear,) if bias and act == "gelu_tanh" else ()
@@ -479,12 +500,119 @@ def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "s
         pid, reference=decode_linear_ref, op="decode_linear",
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
         cuda_default=True if gated else tma_default, variants=variants,
-        guards=(G.same_dtype("x", *weights, *(("b",) if bias else ())), weight_operands("x", *weights, halves=halves),
-                *((splits_in_halves("w"),) if halves else ()), *((vectors("w", "b"),) if bias else ()),
+        guards=(G.same_dtype("x", *weights, *(("b",) if bias else ()), *(("r",) if residual else ())),
+                weight_operands("x", *weights, halves=halves), *((splits_in_halves("w"),) if halves else ()),
+                *((vectors("w", "b"),) if bias else ()), *((residual_like("r", "x", "w"),) if residual else ()),
                 few_rows("x", "gate_up_silu" if gated else "linear"),
                 *((narrow_weight("x", "w"),) if not gated and static["act"] == "none" else ())),
         fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)) if rank == 3 else ((5, 32, 40), (3, 16, 24)),
                           gpu_cases=GPU_CASES[rank], bad_layout=_bad_layout(make, trace_case),
+                          bad_reason="multiples of 8"),
+    )
+
+
+def _residual_inputs(make):
+    """x, w and a residual r [*rows, N] (the output's shape)."""
+    def with_r(case, dt, dev):
+        *rows, _, n = case
+        return (*make(case, dt, dev), rand((*rows, n), dt, dev))
+
+    return with_r
+
+
+def residual_like(r: str, x: str, w: str) -> G.Guard:
+    """Can fire: the residual is a contiguous tensor of the output's shape [..., N] (static sizes): the kernel adds
+    r[row, col] to each output element."""
+    def check(s: G.Site) -> str | None:
+        tr, tx, tw = s.tensor(r), s.tensor(x), s.tensor(w)
+        want = (*tx.shape[:-1], tw.shape[0])
+        if not all(isinstance(v, int) for v in (*tr.shape, *tr.stride())):
+            return "symbolic sizes or strides"
+        if tuple(tr.shape) != tuple(want) or not tr.is_contiguous():
+            return f"{r} {tuple(tr.shape)} (strides {tr.stride()}) is not a contiguous tensor of the output's shape {want}"
+        return None
+
+    return G.Guard(f"residual_like({r})", check)
+
+
+def norm_weight(h: str, nw: str) -> G.Guard:
+    """Can fire: the RMSNorm weight is a contiguous [K] of h's K starting on 16 bytes (the kernels read 8 of it at
+    once, beside h's)."""
+    def check(s: G.Site) -> str | None:
+        th, tn = s.tensor(h), s.tensor(nw)
+        if tn.dim() != 1 or not known(tn.shape[0] == th.shape[-1]) or not tn.is_contiguous():
+            return f"{nw} {tuple(tn.shape)} (strides {tn.stride()}) is not a contiguous [{th.shape[-1]}] norm weight"
+        if not isinstance(tn.storage_offset(), int) or tn.storage_offset() % 8:
+            return f"{nw} does not start on 16 bytes"
+        return None
+
+    return G.Guard(f"norm_weight({nw})", check)
+
+
+def _is_wait(n) -> bool:
+    return isinstance(n, torch.fx.Node) and n.op == "call_function" and \
+        n.target is torch.ops._c10d_functional.wait_tensor.default
+
+
+def not_after_all_reduce(h: str) -> G.Guard:
+    """Policy: an RMSNorm of an all-reduce's sum (with or without the residual add) is left to
+    collective.all_reduce_add_rms_norm, which takes the sum, the add and the norm in one kernel (a tensor-parallel
+    step: benchmarks/RESULTS.md); the q/k/v and gate/up rules then take the linears after it."""
+    def check(s: G.Site) -> str | None:
+        n = s.match.kwargs[h]
+        if _is_wait(n) or (isinstance(n, torch.fx.Node) and n.target is torch.ops.aten.add.Tensor
+                           and any(_is_wait(a) for a in n.args)):
+            return f"{h} is an all-reduce's sum: collective.all_reduce_add_rms_norm takes its RMSNorm"
+        return None
+
+    return G.Guard(f"not_after_all_reduce({h})", check, policy=True)
+
+
+def _rms_inputs(make):
+    """h for x and an RMSNorm weight [K] after it (the rule's (h, norm_w, weights...))."""
+    def with_norm(case, dt, dev):
+        h, *rest = make(case, dt, dev)
+        return (h, (1.0 + rand((h.shape[-1],), torch.float32, dev, scale=0.2)).to(dt), *rest)
+
+    return with_norm
+
+
+# Where an RMSNorm rule does not fire, Inductor's kernel for the norm may round an element of the normalized row
+# differently from eager's two roundings (fp16: 1.3e-3 off eager at one output of the CPU tests)
+RMS_INDUCTOR_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (5e-3, 1e-2), torch.bfloat16: (4e-2, 5e-2)}
+
+
+def _rms_guards(rule: str, *weights: str, bias: tuple[str, ...] = ()) -> tuple[G.Guard, ...]:
+    return (G.same_dtype("h", "norm_w", *weights, *bias), weight_operands("h", *weights, one_shape=len(weights) != 3),
+            norm_weight("h", "norm_w"), *(vectors(w, b) for w, b in zip(weights, bias)), few_rows("h", rule),
+            not_after_all_reduce("h"))
+
+
+def _rms_gate_up_rule() -> Pattern:
+    """transformers' RMSNorm (post_attention_layernorm) and SwiGLU's gate and up after it: one launch, the norm
+    computed by each CTA from the rows it reads (csrc/decode_gemm/decode_rms_linear.cu)."""
+    trace_case = (2, 1, 16, 24)
+    make = _rms_inputs(_inputs(True))
+    return Pattern(
+        "decode_gemm.rms_gate_up_silu", reference=decode_rms_linear_ref, op="decode_rms_linear",
+        static={"act": "silu_mul", "b": None}, literals=("eps",), dtypes=DTYPES, inputs=make, trace="inductor",
+        trace_case=trace_case, guards=(*_rms_guards("gate_up_silu", "w", "w2"),),
+        fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)), gpu_cases=GPU_CASES[3], inductor_tol=RMS_INDUCTOR_TOL,
+                          bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8"),
+    )
+
+
+def _rms_qkv_rule(bias: bool) -> Pattern:
+    """transformers' RMSNorm (input_layernorm) and q, k, v after it (with Qwen2's biases: bias): one launch."""
+    trace_case = (2, 1, 16, 24, 8)
+    make = _rms_inputs(_qkv_inputs(bias))
+    return Pattern(
+        f"decode_gemm.rms_qkv{'_bias' if bias else ''}", reference=decode_rms_qkv_ref, op="decode_rms_qkv",
+        static={} if bias else {"bq": None, "bk": None, "bv": None}, literals=("eps",), dtypes=DTYPES, inputs=make,
+        trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"),
+        guards=_rms_guards("qkv", "wq", "wk", "wv", bias=("bq", "bk", "bv") if bias else ()),
+        fixtures=Fixtures(cases=((1, 1, 32, 40, 16), (2, 3, 16, 24, 8)), gpu_cases=QKV_GPU_CASES[3],
+                          inductor_tol=RMS_INDUCTOR_TOL, bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev),
                           bad_reason="multiples of 8"),
     )
 
@@ -777,7 +905,9 @@ def _fp8_gate_up_rule(rank: int, act: str) -> Pattern:
 EPILOGUES = [_rule(f"linear_bias_{act}", False, rank, act=act, bias=True)
              for act in ("gelu", "gelu_tanh") for rank in (3, 2)]
 
-PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
+PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch, before the rules of those alone
+            _rms_gate_up_rule(), _rms_qkv_rule(True), _rms_qkv_rule(False),
+            _rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             # GeGLU's gate and up (Gemma: gelu_pytorch_tanh), the same kernel with its tanh-GELU epilogue
             _rule("gate_up_gelu_tanh", True, 3, act="gelu_tanh_mul"),
             _rule("gate_up_gelu_tanh", True, 2, act="gelu_tanh_mul"),
@@ -787,6 +917,9 @@ PATTERNS = [_rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             _qkv_rule(3, False), _qkv_rule(2, False),
             # a linear's bias (GPT-NeoX's query_key_value and dense layers) before the plain linear, its suffix
             _rule("linear_bias", False, 3, act="none", bias=True), _rule("linear_bias", False, 2, act="none", bias=True),
+            # the residual add after the o or down projection in its epilogue (the RMSNorm rules above then read
+            # the sum it writes: the add + RMSNorm kernel between the layers' linears is gone)
+            _rule("linear_residual", False, 3, residual=True),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
             _w8_rule(3), _w8_rule(2),

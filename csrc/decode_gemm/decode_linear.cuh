@@ -92,6 +92,9 @@ struct Params {
   int parts;
   int m, k;
   int act;  // NW = 2: kSiluMul or kGeluTanhMul; NW = 1: kNoAct, kGelu or kGeluTanh
+  const void* residual;  // null, or [m, n] of T added to the (one part's) output, rounded as eager's add
+  const void* norm_w;    // the NORM kernels: x is h, and the products are RMSNorm(h) * norm_w's (below)
+  float eps;
 };
 
 enum Act : int { kNoAct = 0, kSiluMul = 1, kGeluTanhMul = 2, kGelu = 3, kGeluTanh = 4 };
@@ -131,6 +134,48 @@ __device__ __forceinline__ float epilogue(int act, float s0, float s1, const T* 
   }
 }
 
+// The stored value of an output element: y rounded to T, plus the residual's element (when given) rounded again,
+// as eager's `residual + linear(...)` of two T tensors.
+template <typename T>
+__device__ __forceinline__ T store_value(float y, const Params& p, int64_t idx) {
+  if (p.residual == nullptr) return from_float<T>(y);
+  return from_float<T>(round_to<T>(y) + to_float(static_cast<const T*>(p.residual)[idx]));
+}
+
+// ---- RMSNorm inside the GEMM (the NORM kernels) ----
+// transformers' RMSNorm before a linear, `linear(w_norm * T(h * rsqrt(mean(h^2) + eps)), W)`, is computed as
+// rsqrt(mean(h^2) + eps) * linear(T(h * w_norm), W): each CTA reads all of K of its rows anyway, so it adds up h^2
+// from the values it loads and scales its float32 sums by the row's factor before the epilogue. One rounding of
+// the normalized row (T(h * w_norm)) where eager has two; at a decode step's few rows this saves the RMSNorm's
+// kernel (and, with the residual epilogue of the linear before, the residual add's).
+// Two elements of h (a word) -> T(h * g) of both; their squares added to ss.
+template <typename T>
+__device__ __forceinline__ uint32_t norm_pair(uint32_t h, uint32_t g, float& ss) {
+  float2 hf, gf;
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    hf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h));
+    gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g));
+    const __nv_bfloat162 y = __float22bfloat162_rn(make_float2(hf.x * gf.x, hf.y * gf.y));
+    r = *reinterpret_cast<const uint32_t*>(&y);
+  } else {
+    hf = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    gf = __half22float2(*reinterpret_cast<const __half2*>(&g));
+    const __half2 y = __float22half2_rn(make_float2(hf.x * gf.x, hf.y * gf.y));
+    r = *reinterpret_cast<const uint32_t*>(&y);
+  }
+  ss = fmaf(hf.x, hf.x, fmaf(hf.y, hf.y, ss));
+  return r;
+}
+// 8 elements of h (16 bytes) and of w_norm at the same k
+template <typename T>
+__device__ __forceinline__ uint4 norm_chunk(const uint4& h, const uint4& g, float& ss) {
+  return make_uint4(norm_pair<T>(h.x, g.x, ss), norm_pair<T>(h.y, g.y, ss), norm_pair<T>(h.z, g.z, ss),
+                    norm_pair<T>(h.w, g.w, ss));
+}
+// A row's RMSNorm factor from its sum of squares over K
+__device__ __forceinline__ float rms_factor(float ss, const Params& p) { return rsqrtf(ss / p.k + p.eps); }
+
 // ---- the end of a K split over a thread-block cluster (the split-K and TMA kernels) ----
 constexpr int kTileCols = 64;              // output columns (weight rows) per CTA of both
 constexpr int kRedStride = kTileCols + 4;  // floats per row of a partial tile: the fragment stores hit 32 banks
@@ -141,8 +186,10 @@ constexpr int kMaxClusterSplits = 8;       // the portable cluster size
 // shared memory, weight w's [x row][column] at red + w * R * kRedStride. This CTA sums its share (column pairs
 // rank, rank + S, ... of each row) over the ranks in rank order (deterministic), applies the epilogue (the gated
 // activation of the two weights, or bias and activation), rounds once and stores; then no CTA leaves while another still reads its memory.
+// ssq (the NORM kernels): each CTA's sums of squares of its x rows over its split of K, summed here in rank order.
 template <typename T, int NW, int R, int kThreads>
-__device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0, const float* red) {
+__device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0, const float* red,
+                                                  const float* ssq = nullptr) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
@@ -173,11 +220,18 @@ __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0
         s[w].x += v[w][q].x, s[w].y += v[w][q].y;
       }
     }
+    if (ssq != nullptr) {
+      float ss = 0.f;
+      for (int q = 0; q < splits; ++q) ss += *cluster.map_shared_rank(ssq + row, q);
+      const float f = rms_factor(ss, p);
+#pragma unroll
+      for (int w = 0; w < NW; ++w) s[w].x *= f, s[w].y *= f;
+    }
     const float y0 = epilogue<T, NW>(p.act, s[0].x, s[NW - 1].x, bias, n0 + col);
     const float y1 = epilogue<T, NW>(p.act, s[0].y, s[NW - 1].y, bias, n0 + col + 1);
-    T* o = out + static_cast<int64_t>(row) * n + n0 + col;
-    o[0] = from_float<T>(y0);
-    o[1] = from_float<T>(y1);
+    const int64_t idx = static_cast<int64_t>(row) * n + n0 + col;
+    out[idx] = store_value<T>(y0, p, idx);
+    out[idx + 1] = store_value<T>(y1, p, idx + 1);
   }
   // the reads of other CTAs' memory are done: a relaxed barrier, no release needed
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
@@ -186,11 +240,13 @@ __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0
 
 // CTA: 8 warps, 8 NB columns (blockIdx.x) of one part (or of both gated weights), 16*MT rows (blockIdx.y), all
 // of K. NB = 2 halves the column tiles, so x (read by every tile) is read half as often (launch_rows' wide).
-template <typename T, int MT, int NW, int NB>
+// NORM: x is h, normalized as it is loaded (the RMSNorm section above).
+template <typename T, int MT, int NW, int NB, bool NORM = false>
 __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params p) {
   constexpr int U = MT * NW * NB <= 2 ? 4 : 2;  // chunks in flight per lane: fewer loads per chunk, more chunks
   constexpr int F = NB * MT * 4;                // accumulators per lane and weight
-  extern __shared__ float red[];                // [kWarps][NW][F][32]: the warps' partial sums
+  extern __shared__ float red[];                // [kWarps][NW][F][32]: the warps' partial sums; NORM: then
+                                                // [kWarps][16 MT] the warps' sums of squares of each row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int n0;
   const int j = tile_part<NW>(p, blockIdx.x, 8 * NB, n0);  // the part this CTA's columns belong to
@@ -209,9 +265,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
     for (int i = 0; i < NB * MT; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[w][i][c] = 0.f;
+  float ss[MT][2] = {};  // NORM: this lane's sums of squares of rows g and g + 8 of each 16-row tile
+  const T* gw = static_cast<const T*>(p.norm_w);
 
   for (int c0 = warp; c0 < chunks; c0 += kWarps * U) {
-    uint4 a[U][MT][2], b[U][NW][NB];
+    uint4 a[U][MT][2], b[U][NW][NB], nw[NORM ? U : 1];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // every load of U chunks first, then their products
       const int kk = (c0 + u * kWarps) * kChunk + t * 8;
@@ -235,17 +293,40 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
           b[u][w][nb] = load_stream(ok ? wp + static_cast<int64_t>(col) * p.k + kk : wp);
           if (!ok) b[u][w][nb] = make_uint4(0, 0, 0, 0);
         }
+      if constexpr (NORM) {
+        nw[u] = load_cached(kin ? gw + kk : gw);
+        if (!kin) nw[u] = make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u) {
+      if constexpr (NORM) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) a[u][i][h] = norm_chunk<T>(a[u][i][h], nw[u], ss[i][h]);
+      }
 #pragma unroll
       for (int w = 0; w < NW; ++w)
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
           for (int i = 0; i < MT; ++i) mma_chunk<T>(acc[w][nb * MT + i], a[u][i][0], a[u][i][1], b[u][w][nb]);
+    }
   }
   pdl_trigger();
+  float* sq = red + kWarps * NW * F * 32;
+  if constexpr (NORM) {  // the four lanes of a row (t) summed, then one per warp and row to shared memory
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v = ss[i][h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) sq[warp * 16 * MT + i * 16 + h * 8 + g] = v;
+      }
+  }
 
   // the warps' sums, in warp order (deterministic), then the epilogue; C fragment: c0,c1 row g, c2,c3 row g+8,
   // columns 2t, 2t+1
@@ -268,33 +349,43 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
 #pragma unroll
       for (int v = 0; v < kWarps; ++v) s[w] += red[((v * NW + w) * F + f) * 32 + l];
     }
+    if constexpr (NORM) {
+      float q = 0.f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) q += sq[v * 16 * MT + row - m0];
+      const float fct = rms_factor(q, p);
+#pragma unroll
+      for (int w = 0; w < NW; ++w) s[w] *= fct;
+    }
     if (row < p.m && col < n) {
-      out[static_cast<int64_t>(row) * n + col] = from_float<T>(epilogue<T, NW>(p.act, s[0], s[NW - 1], bias, col));
+      const int64_t idx = static_cast<int64_t>(row) * n + col;
+      out[idx] = store_value<T>(epilogue<T, NW>(p.act, s[0], s[NW - 1], bias, col), p, idx);
     }
   }
 }
 
-template <typename T, int MT, int NW, int NB>
+template <typename T, int MT, int NW, int NB, bool NORM = false>
 void launch(Params p, cudaStream_t stream) {
   const dim3 grid(set_tile_ends(p, 8 * NB), (p.m + 16 * MT - 1) / (16 * MT));
-  const size_t smem = sizeof(float) * kWarps * NW * NB * MT * 4 * 32;  // <= 32 KB
-  static const int version = binary_version(decode_linear_kernel<T, MT, NW, NB>);
-  launch_ex(decode_linear_kernel<T, MT, NW, NB>, grid, dim3(kWarps * 32), smem, stream, pdl_allowed(version, 'g'), 0, p);
+  const size_t smem = sizeof(float) * kWarps * (NW * NB * MT * 4 * 32 + (NORM ? 16 * MT : 0));  // <= 34 KB
+  static const int version = binary_version(decode_linear_kernel<T, MT, NW, NB, NORM>);
+  launch_ex(decode_linear_kernel<T, MT, NW, NB, NORM>, grid, dim3(kWarps * 32), smem, stream,
+            pdl_allowed(version, 'g'), 0, p);
 }
 
 // p.n and p.parts set; the column tiles are counted here. wide (decode_qkv): 16 columns per CTA at 17-32 rows,
 // where x, read by every column tile, outweighs the weights: Llama-style q+k+v 14.6 -> 10.3 us at 32 rows on an
 // H100; plain linears and 1-16 rows are slower wide.
-template <typename T, int NW>
+template <typename T, int NW, bool NORM = false>
 void launch_rows(const Params& p, cudaStream_t stream, bool wide = false) {
-  if (p.m <= 16) return launch<T, 1, NW, 1>(p, stream);
+  if (p.m <= 16) return launch<T, 1, NW, 1, NORM>(p, stream);
   if (p.m <= 32) {
     if constexpr (NW == 1) {
-      if (wide) return launch<T, 2, NW, 2>(p, stream);
+      if (wide) return launch<T, 2, NW, 2, NORM>(p, stream);
     }
-    return launch<T, 2, NW, 1>(p, stream);
+    return launch<T, 2, NW, 1, NORM>(p, stream);
   }
-  launch<T, 4, NW, 1>(p, stream);
+  launch<T, 4, NW, 1, NORM>(p, stream);
 }
 
 // Host side: the checks both ops make, and the rows of x.

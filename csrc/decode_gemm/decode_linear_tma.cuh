@@ -177,9 +177,12 @@ __device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[32], uint64_t a, uint6
 
 // Grid (column tiles of all parts, S); cluster (1, S, 1): blockIdx.y is the split and the rank in the cluster.
 // MX: x rows held (>= m; the rows past m are TMA's zero fill); NW as decode_linear_kernel's; F8: x and the weights
-// e4m3 (T: the output's type).
-template <typename T, int MX, int NW, int KB, bool F8 = false>
+// e4m3 (T: the output's type). NORM (KB = 1, 16-bit): x is h; the consumers turn each stage's x box into
+// T(h * w_norm) in place (adding up h^2 of their rows) before its products, and the epilogue scales by the rows'
+// RMSNorm factors (decode_linear.cuh's RMSNorm section).
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
+  static_assert(!NORM || (KB == 1 && !F8), "the RMSNorm form reads one 16-bit x box per stage");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = tma_box_k<F8>();  // k per box
   constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * BK;
@@ -211,6 +214,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   // own accumulation keeps fewer bits than float32: the sums over a long K are promoted every 128 k, as cuBLAS and
   // DeepSeek-V3's kernels do)
   float part[F8 ? NW : 1][F8 ? R : 1];
+  float ss[NORM ? (MX * 8 + 127) / 128 : 1] = {};  // NORM: h^2 of this consumer's x rows threadIdx / 8 + 16 q
 
   if (warp == 4) {  // producer: one lane issues every copy
     if (lane == 0) {
@@ -251,8 +255,26 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
     pdl_wait();  // (the epilogue's stores)
     for (int i = 0; i < nk; ++i) {
       const int s = i % ns;
+      uint4 g = make_uint4(0, 0, 0, 0);
+      if constexpr (NORM) {  // this thread's 8 k of w_norm, loaded before the stage lands: the 16-byte chunk
+        // threadIdx % 8 of rows threadIdx / 8 (+ 16 q) holds k chunk (threadIdx % 8) ^ (row % 8) (128-byte swizzle)
+        const int k = (kb0 + i) * SK + ((threadIdx.x % 8) ^ ((threadIdx.x / 8) % 8)) * 8;
+        if (k < p.k) g = load_cached(static_cast<const T*>(p.norm_w) + k);
+      }
       mbar_wait(full + s, (i / ns) & 1);
-      const unsigned char* st = smem + s * SB;
+      unsigned char* st = smem + s * SB;
+      if constexpr (NORM) {
+#pragma unroll
+        for (int q = 0; q < (MX * 8 + 127) / 128; ++q) {
+          const int e = threadIdx.x + 128 * q;  // 16-byte chunk e of the MX x 128-byte box
+          if (e < MX * 8) {
+            uint4* c = reinterpret_cast<uint4*>(st + NW * WB + e * 16);
+            *c = norm_chunk<T>(*c, g, ss[q]);
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, before wgmma reads them
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");                 // every consumer's
+      }
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
         if constexpr (F8) {
@@ -324,7 +346,20 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       }
     }
   }
-  cluster_sum_store<T, NW, MX, kTmaThreads>(p, j, n0, red);
+  float* ssq = red + NW * MX * kRedStride;  // NORM: this CTA's sums of squares of each x row
+  if constexpr (NORM) {
+    if (warp < 4) {
+#pragma unroll
+      for (int q = 0; q < (MX * 8 + 127) / 128; ++q) {
+        float v = ss[q];  // the 8 lanes of a row summed
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        if (threadIdx.x % 8 == 0 && threadIdx.x + 128 * q < MX * 8) ssq[threadIdx.x / 8 + 16 * q] = v;
+      }
+    }
+  }
+  cluster_sum_store<T, NW, MX, kTmaThreads>(p, j, n0, red, NORM ? ssq : nullptr);
 #else
   __trap();  // not an sm_90a build: tma_built() is false, never launched
 #endif
@@ -427,7 +462,7 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
 // times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
 // launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
 // F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set.
-template <typename T, int MX, int NW, int KB, bool F8 = false>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits,
                      const TmaParams* scales = nullptr) {
   using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;  // the operands' element
@@ -442,8 +477,8 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
     if (!weight_map<E>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
   if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8>;
-  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8>>(kTmaSmemMax);
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM>;
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM>>(kTmaSmemMax);
   constexpr int SB = tma_stage_bytes(NW, MX, KB);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
@@ -475,6 +510,16 @@ bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t strea
   if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
   if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
   return launch_tma_rows<T, 64, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+}
+
+// The NORM kernel at 1-64 rows (one 64-wide k box per stage); false, launching nothing, as launch_tma_rows.
+template <typename T, int NW>
+bool launch_tma_norm(const Params& p, cudaStream_t stream, bool early, int max_splits) {
+  if (!tma_built() || p.m > 64 || p.m < 1) return false;
+  if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
+  if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
+  if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
+  return launch_tma_rows<T, 64, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
 }
 
 template <typename T, int MX, int NW>

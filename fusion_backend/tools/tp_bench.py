@@ -106,7 +106,8 @@ def run_tp(name: str, desc: dict, path: str, world: int, batch: int, position: i
         steps = {}
         backends = (*BACKENDS, *(WITHOUT + r for r in ablate))
         for be in backends:
-            fn = (_compile("fusekit", st.model, cpu, disable=(be.removeprefix(WITHOUT),)) if be.startswith(WITHOUT)
+            fn = (_compile("fusekit", st.model, cpu, disable=tuple(be.removeprefix(WITHOUT).split("+")))
+                  if be.startswith(WITHOUT)
                   else _compile(be, st.model, cpu))
             logits[be], compile_s, rep = first_call(st, fn, position, cpu)
             info: dict[str, Any] = {"compile_s": compile_s, **(step_sites(rep) if be != "inductor" else {})}
