@@ -18,35 +18,45 @@ _LLAMA = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num
 # family: (config class, model class, config kwargs, {rule: sites expected: one per layer})
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA,
-              {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+              {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1,
+               "decode_gemm.linear_residual": 2}),
     "llama_eager": ("LlamaConfig", "LlamaForCausalLM", dict(_LLAMA, attn_implementation="eager"),  # no SDPA
-                    {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+                    {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1,
+                     "decode_gemm.linear_residual": 2}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA,
-              {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu": 1}),
+              {"decode.gqa": 1, "decode_gemm.rms_qkv_bias": 1, "decode_gemm.rms_gate_up_silu": 1,
+               "decode_gemm.linear_residual": 2}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _LLAMA,  # QK-norm per head
-              {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+              {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1,
+               "decode_gemm.linear_residual": 2}),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(_LLAMA, sliding_window=32),
-                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+                {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1,
+                 "decode_gemm.linear_residual": 2}),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(_LLAMA, head_dim=None),
-                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+                {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1}),
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(_LLAMA, head_dim=None),  # parallel attention + MLP
-               {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+               {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1,
+                "decode_gemm.linear_residual": 2}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_LLAMA, num_local_experts=4, num_experts_per_tok=2),
-                {"decode.gqa": 1, "decode_gemm.qkv": 1}),
+                {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.linear_residual": 1}),
+    # (Gemma's norm, x * (1 + w) in float32, is the RMSNorm rules' computation in float32 only: they fire here, not
+    # in 16 bits)
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_LLAMA, num_key_value_heads=1),  # MQA, GeGLU
-              {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
+              {"decode.mqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1,
+               "decode_gemm.linear_residual": 2}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA, sliding_window=32, attn_implementation="eager"),
                # soft-capped scores: eager attention (transformers 5.17 builds Gemma-2 with SDPA, which does not cap)
-               {"decode.gqa_softcap": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
+               {"decode.gqa_softcap": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA, num_key_value_heads=1, sliding_window=32),
-               {"decode.mqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
+               {"decode.mqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.gate_up_gelu_tanh": 1}),
     # fused qkv_proj and gate_up_proj, head dim 96 (a padded tile of the decode kernel)
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_LLAMA, hidden_size=384, num_key_value_heads=4, head_dim=None),
-             {"decode.mha": 1, "decode_gemm.gate_up_silu_halves": 1}),
+             {"decode.mha": 1, "decode_gemm.gate_up_silu_halves": 1, "decode_gemm.linear_residual": 2}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),  # MHA
               {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),
-                 {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+                 {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1,
+                  "decode_gemm.linear_residual": 2}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=256, intermediate_size=512,
                                                               num_attention_heads=4), {"decode.mha": 1}),
     # Falcon-7B style: one KV head that SDPA broadcasts to the query heads itself (its math decomposition copies it per
@@ -54,7 +64,8 @@ ARCHS = {
     # StaticCache.)
     "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=256, num_attention_heads=4, multi_query=True,
                                                          new_decoder_architecture=False, parallel_attn=True,
-                                                         alibi=False, bias=False), {"decode.mqa_sdpa_bool_mask": 1}),
+                                                         alibi=False, bias=False), {"decode.mqa_sdpa_bool_mask": 1,
+                                                                                    "decode_gemm.linear_residual": 1}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256),
              {"decode.mha": 1, "elementwise.gelu_tanh": 1}),
     # StarCoder-1 / SantaCoder: one KV head in a fused c_attn, expanded by the model (so the MQA rule)
@@ -64,28 +75,33 @@ ARCHS = {
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(_LLAMA, head_dim=None),  # biases, GELU MLP
                    {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.linear_bias_gelu_tanh": 1}),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(_LLAMA, head_dim=None),  # some layers without rotary
-                {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+                {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1,
+                 "decode_gemm.linear_residual": 2}),
     "glm": ("GlmConfig", "GlmForCausalLM", _LLAMA,  # q/k/v bias, fused gate_up_proj
-            {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu_halves": 1}),
+            {"decode.gqa": 1, "decode_gemm.rms_qkv_bias": 1, "decode_gemm.gate_up_silu_halves": 1,
+             "decode_gemm.linear_residual": 2}),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", _LLAMA,
                 {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
     "helium": ("HeliumConfig", "HeliumForCausalLM", _LLAMA,
-               {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+               {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.rms_gate_up_silu": 1,
+                "decode_gemm.linear_residual": 2}),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", _LLAMA,  # squared-ReLU MLP, LayerNorm1p
-                 {"decode.gqa": 1, "decode_gemm.qkv": 1}),
+                 {"decode.gqa": 1, "decode_gemm.qkv": 1, "decode_gemm.linear_residual": 2}),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(_LLAMA, head_dim=None, num_experts=4,
                                                                 num_experts_per_tok=2, moe_intermediate_size=128,
                                                                 shared_expert_intermediate_size=256),
-                  {"decode.gqa": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.gate_up_silu_2d": 1}),
+                  {"decode.gqa": 1, "decode_gemm.rms_qkv_bias": 1, "decode_gemm.gate_up_silu_2d": 1,
+                   "decode_gemm.linear_residual": 1}),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(_LLAMA, head_dim=None, num_experts=4, num_experts_per_tok=2),
-              {"decode.gqa": 1, "decode_gemm.qkv": 1}),
+              {"decode.gqa": 1, "decode_gemm.rms_qkv": 1, "decode_gemm.linear_residual": 1}),
     # MHA families (their decode rules are opt-in on CUDA)
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(_LLAMA, num_key_value_heads=4, head_dim=None),
-             {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1}),
+             {"decode.mha": 1, "decode_gemm.qkv": 1, "decode_gemm.gate_up_silu": 1, "decode_gemm.linear_residual": 2}),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4),
             {"decode.mha": 1, "decode_gemm.qkv_bias": 1, "decode_gemm.linear_bias_gelu_tanh": 1}),  # Phi-2: parallel
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=256, n_head=4, n_layer=LAYERS, n_positions=256,
-                                                   rotary_dim=32), {"decode.mha": 1, "decode_gemm.qkv": 1}),
+                                                   rotary_dim=32), {"decode.mha": 1, "decode_gemm.qkv": 1,
+                                                                    "decode_gemm.linear_residual": 1}),
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=256, ffn_dim=512, num_attention_heads=4,
                                                 word_embed_proj_dim=256), {"decode.mha": 1, "decode_gemm.qkv_bias": 1}),
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(hidden_size=256, intermediate_size=512,
