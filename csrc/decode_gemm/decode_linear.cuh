@@ -300,11 +300,13 @@ __global__ void __launch_bounds__(kWarps * 32) decode_linear_kernel(const Params
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if constexpr (NORM) {
+      if constexpr (NORM) {  // (8-row groups past m hold zeros: skipped, a warp-uniform branch)
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) a[u][i][h] = norm_chunk<T>(a[u][i][h], nw[u], ss[i][h]);
+          for (int h = 0; h < 2; ++h) {
+            if (m0 + i * 16 + h * 8 < p.m) a[u][i][h] = norm_chunk<T>(a[u][i][h], nw[u], ss[i][h]);
+          }
       }
 #pragma unroll
       for (int w = 0; w < NW; ++w)

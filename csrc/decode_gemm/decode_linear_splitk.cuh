@@ -220,17 +220,19 @@ inline bool tma_selected(int m, int nw, bool qkv) {
 // where tma_selected says; else the split-K kernel for q/k/v at 33-64 rows (Llama-style 17.7 -> 13.0-13.7 us,
 // decode_linear_kernel 20.8-23.0), decode_linear_kernel elsewhere. The FUSEKIT_DECODE_GEMM test override
 // (debug_overrides.h) forces one kernel instead.
-// NORM (x is h, RMSNorm inside): the TMA kernel where tma_selected says, else decode_linear_kernel (no override).
+// NORM (x is h, RMSNorm inside): the TMA kernel where tma_selected says (or the override "tma"), else
+// decode_linear_kernel (or the override "old").
 template <typename T, int NW, bool NORM = false>
 void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
+  const debug::DecodeGemmOverride o = debug::decode_gemm_override();
   if constexpr (NORM) {
-    if (!(tma_selected(p.m, NW, qkv) && launch_tma_norm<T, NW>(p, stream, p.m > 8, p.m > 8 ? 4 : kTmaMaxSplits))) {
+    const bool tma = o.kernel == 2 || (o.kernel != 0 && tma_selected(p.m, NW, qkv));
+    if (!(tma && launch_tma_norm<T, NW>(p, stream, p.m > 8, p.m > 8 ? 4 : kTmaMaxSplits))) {
       launch_rows<T, NW, true>(p, stream, /*wide=*/qkv);
     }
     return;
   }
-  const debug::DecodeGemmOverride o = debug::decode_gemm_override();
-  const int forced = o.kernel, splits = o.splits, stages = o.stages, boxes = o.boxes;
+  const int forced = o.kernel, splits = o.splits, stages = o.stages, boxes = o.boxes;  // (o: above)
   const bool early = o.early;
   if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
   // In a decode step (H100, Llama-style @1024, CUDA graphs): above 8 rows the first weight tiles issued before
