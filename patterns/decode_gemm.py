@@ -36,9 +36,14 @@ quantization of x is ``fusekit::decode_linear_w8a8``. cuBLAS's aten._int_mm refu
 fails there); at 32 rows the w8a8 op measured 1.32-1.96x Inductor's GEMM and scales kernel, at 64 0.53-1.48x, and the
 Llama-style int8 dynamic step with every linear whole 7.85x Inductor's at batch 32 (H200, benchmarks/RESULTS.md).
 
-Rules: bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, then the plain linear, each
-for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one. Matched after the batched_matmul family (a
-linear's bias with ReLU, SiLU or a residual is that family's first), except bias + GELU, matched before it.
+transformers' RMSNorm before q/k/v or gate/up can go inside their launch (``fusekit::decode_rms_qkv``,
+``decode_rms_linear``: each CTA adds up h^2 of the rows it reads and scales its sums) and the residual add after o
+or down into decode_linear's epilogue (``linear_residual``): opt-in, measured no faster in a step (RMS_RESIDUAL_RULES).
+
+Rules: the RMSNorm forms, bias + GELU, gate/up (longest first), q/k/v with biases, q/k/v, a linear's bias, the
+residual, then the plain linear, each for a 3-D x (HF's [B, S, K], viewed to rows and back) and a 2-D one (the
+RMSNorm and residual rules 3-D only). Matched after the batched_matmul family (a linear's bias with ReLU, SiLU or a
+residual is that family's first), except bias + GELU, matched before it.
 """
 from __future__ import annotations
 
@@ -499,7 +504,7 @@ def _rule(name: str, gated: bool, rank: int, halves: bool = False, act: str = "s
     return Pattern(
         pid, reference=decode_linear_ref, op="decode_linear",
         static=static, dtypes=DTYPES, inputs=make, trace="inductor", trace_case=trace_case,
-        cuda_default=True if gated else tma_default, variants=variants,
+        cuda_default=False if residual else True if gated else tma_default, variants=variants,
         guards=(G.same_dtype("x", *weights, *(("b",) if bias else ()), *(("r",) if residual else ())),
                 weight_operands("x", *weights, halves=halves), *((splits_in_halves("w"),) if halves else ()),
                 *((vectors("w", "b"),) if bias else ()), *((residual_like("r", "x", "w"),) if residual else ()),
@@ -588,32 +593,45 @@ def _rms_guards(rule: str, *weights: str, bias: tuple[str, ...] = ()) -> tuple[G
             not_after_all_reduce("h"))
 
 
+# The RMSNorm rules and linear_residual are opt-in (options={"enable": [...]}; RMS_RESIDUAL_RULES names all four).
+# Together they take the add + RMSNorm kernel between a layer's linears out of a decode step (Llama-style: 10.8 ->
+# 8.8 kernels a layer), but measured no faster (H200, torch 2.11, CUDA graphs, position 1024 of 4096; the TMA
+# kernel): batch 1 0.483 ms against 0.479 without them, batch 32 0.700 against 0.688. In the step's profile at batch
+# 1 gate/up with the norm took 16.9 us (the plain kernel 16.4 and Inductor's add + RMSNorm 2.2), q/k/v 9.0 (7.4 +
+# 2.2), but o and down with the residual epilogue 8.7 against 7.5: the residual's load waits at the end of the
+# kernel (benchmarks/RESULTS.md).
+RMS_RESIDUAL_RULES = ("decode_gemm.rms_qkv", "decode_gemm.rms_qkv_bias", "decode_gemm.rms_gate_up_silu",
+                      "decode_gemm.linear_residual")
+
+
 def _rms_gate_up_rule() -> Pattern:
     """transformers' RMSNorm (post_attention_layernorm) and SwiGLU's gate and up after it: one launch, the norm
-    computed by each CTA from the rows it reads (csrc/decode_gemm/decode_rms_linear.cu)."""
+    computed by each CTA from the rows it reads (csrc/decode_gemm/decode_rms_linear.cu). Opt-in (above)."""
     trace_case = (2, 1, 16, 24)
     make = _rms_inputs(_inputs(True))
     return Pattern(
         "decode_gemm.rms_gate_up_silu", reference=decode_rms_linear_ref, op="decode_rms_linear",
         static={"act": "silu_mul", "b": None}, literals=("eps",), dtypes=DTYPES, inputs=make, trace="inductor",
+        cuda_default=False,
         trace_case=trace_case, guards=(*_rms_guards("gate_up_silu", "w", "w2"),),
-        fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)), gpu_cases=GPU_CASES[3], inductor_tol=RMS_INDUCTOR_TOL,
-                          bad_layout=_bad_layout(make, trace_case), bad_reason="multiples of 8"),
+        fixtures=Fixtures(cases=((1, 1, 32, 40), (2, 3, 16, 24)), gpu_cases=GPU_CASES[3],
+                          inductor_tol=RMS_INDUCTOR_TOL, bad_layout=_bad_layout(make, trace_case),
+                          bad_reason="multiples of 8"),
     )
 
 
 def _rms_qkv_rule(bias: bool) -> Pattern:
-    """transformers' RMSNorm (input_layernorm) and q, k, v after it (with Qwen2's biases: bias): one launch."""
+    """transformers' RMSNorm (input_layernorm) and q, k, v after it (with Qwen2's biases: bias): one launch. Opt-in."""
     trace_case = (2, 1, 16, 24, 8)
     make = _rms_inputs(_qkv_inputs(bias))
     return Pattern(
         f"decode_gemm.rms_qkv{'_bias' if bias else ''}", reference=decode_rms_qkv_ref, op="decode_rms_qkv",
         static={} if bias else {"bq": None, "bk": None, "bv": None}, literals=("eps",), dtypes=DTYPES, inputs=make,
-        trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"),
+        trace="inductor", trace_case=trace_case, exclusive=("wq", "wk", "wv"), cuda_default=False,
         guards=_rms_guards("qkv", "wq", "wk", "wv", bias=("bq", "bk", "bv") if bias else ()),
         fixtures=Fixtures(cases=((1, 1, 32, 40, 16), (2, 3, 16, 24, 8)), gpu_cases=QKV_GPU_CASES[3],
-                          inductor_tol=RMS_INDUCTOR_TOL, bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev),
-                          bad_reason="multiples of 8"),
+                          inductor_tol=RMS_INDUCTOR_TOL, bad_reason="multiples of 8",
+                          bad_layout=lambda dt, dev: make((*trace_case[:-2], 20, 8), dt, dev)),
     )
 
 
@@ -905,7 +923,7 @@ def _fp8_gate_up_rule(rank: int, act: str) -> Pattern:
 EPILOGUES = [_rule(f"linear_bias_{act}", False, rank, act=act, bias=True)
              for act in ("gelu", "gelu_tanh") for rank in (3, 2)]
 
-PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch, before the rules of those alone
+PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch (opt-in), before the rules of those alone
             _rms_gate_up_rule(), _rms_qkv_rule(True), _rms_qkv_rule(False),
             _rule("gate_up_silu", True, 3), _rule("gate_up_silu", True, 2),
             # GeGLU's gate and up (Gemma: gelu_pytorch_tanh), the same kernel with its tanh-GELU epilogue
@@ -917,8 +935,8 @@ PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch, before 
             _qkv_rule(3, False), _qkv_rule(2, False),
             # a linear's bias (GPT-NeoX's query_key_value and dense layers) before the plain linear, its suffix
             _rule("linear_bias", False, 3, act="none", bias=True), _rule("linear_bias", False, 2, act="none", bias=True),
-            # the residual add after the o or down projection in its epilogue (the RMSNorm rules above then read
-            # the sum it writes: the add + RMSNorm kernel between the layers' linears is gone)
+            # the residual add after the o or down projection in its epilogue (opt-in; the RMSNorm rules above then
+            # read the sum it writes: the add + RMSNorm kernel between the layers' linears is gone)
             _rule("linear_residual", False, 3, residual=True),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
