@@ -12,7 +12,9 @@ from fusion_backend.report import Report, no_compile_caches
 DECODERS = ["llama", "qwen2", "gpt2", "mistral"]
 RULE = {"gpt2": "decode.mha"}  # MHA: no repeat_kv; the others have grouped KV heads
 # q, k and v as three linears of one input (Qwen2's with biases; GPT-2 has one c_attn: none)
-QKV = {"llama": "decode_gemm.qkv", "mistral": "decode_gemm.qkv", "qwen2": "decode_gemm.qkv_bias"}
+# (on a CPU every rule fires: the opt-in RMSNorm forms take q/k/v with the norm before them)
+QKV = {"llama": "decode_gemm.rms_qkv", "mistral": "decode_gemm.rms_qkv", "qwen2": "decode_gemm.rms_qkv_bias"}
+QKV_RULES = ("decode_gemm.qkv", "decode_gemm.qkv_bias", "decode_gemm.rms_qkv", "decode_gemm.rms_qkv_bias")
 
 
 def _fusekit(model):
@@ -41,8 +43,7 @@ def test_decode_step_fires_and_matches_inductor(name):
             out = st(_fusekit(st.model))
     rep = Report(list(records))
     assert rep.sites[RULE.get(name, "decode.gqa")] == layers, str(rep)
-    assert {r: rep.sites[r] for r in ("decode_gemm.qkv", "decode_gemm.qkv_bias")} == \
-        {r: layers if QKV.get(name) == r else 0 for r in ("decode_gemm.qkv", "decode_gemm.qkv_bias")}, str(rep)
+    assert {r: rep.sites[r] for r in QKV_RULES} == {r: layers if QKV.get(name) == r else 0 for r in QKV_RULES}, str(rep)
     assert not rep.errors, str(rep)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 

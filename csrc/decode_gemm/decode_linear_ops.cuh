@@ -28,7 +28,7 @@ inline void check_norm(const at::Tensor& x, const at::Tensor& nw, const char* op
               "got h ", describe(x), ", norm_w ", describe(nw));
 }
 
-// The RMSNorm of h alone (K == 0 is refused by the norm ops: an empty row has no mean).
+// The NORM kernels' parameters: h's RMSNorm weight and eps (the norm ops refuse K == 0: an empty row has no mean).
 inline void set_norm(Params& p, const at::Tensor& nw, double eps) {
   p.norm_w = nw.data_ptr(), p.eps = static_cast<float>(eps);
 }
