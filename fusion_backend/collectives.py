@@ -64,7 +64,7 @@ def all_reduce_ref(x: Tensor, group_name: str) -> Tensor:
     return c10d.wait_tensor(c10d.all_reduce(x.contiguous(), "sum", group_name))
 
 
-def rms_norm_ref(h: Tensor, weight: Tensor, eps: float) -> Tensor:
+def _rms_norm(h: Tensor, weight: Tensor, eps: float) -> Tensor:
     """transformers' RMSNorm (Llama, Mistral, Qwen2 and their copies)."""
     h32 = h.to(torch.float32)
     return weight * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
@@ -89,7 +89,7 @@ def all_reduce_add_rms_norm_ref(x: Tensor, residual: Tensor | None, weight: Tens
     h = all_reduce_ref(x, group_name)
     if residual is not None:
         h = residual + h
-    return rms_norm_ref(h, weight, eps), h
+    return _rms_norm(h, weight, eps), h
 
 
 # the references are the CPU kernels (torch.library.impl's decorator would not return the function)
@@ -244,16 +244,16 @@ _EPS = 0.2718  # a stand-in the traced pattern shows as its own literal (the eps
 
 def _after_add(s: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     h = residual + s  # transformers: hidden_states = residual + hidden_states
-    return rms_norm_ref(h, weight, eps), h
+    return _rms_norm(h, weight, eps), h
 
 
 def _after_add_commuted(s: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     h = s + residual
-    return rms_norm_ref(h, weight, eps), h
+    return _rms_norm(h, weight, eps), h
 
 
 def _alone(s: Tensor, weight: Tensor, eps: float) -> Tensor:  # the embedding's all-reduce: no residual yet
-    return rms_norm_ref(s, weight, eps)
+    return _rms_norm(s, weight, eps)
 
 
 @functools.cache

@@ -53,7 +53,6 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
 from fusion_backend import guards as G
-from fusion_backend.collectives import rms_norm_ref
 from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.OPS: the CUDA kernels take 16 bits)
@@ -88,6 +87,12 @@ def _linear_act(x: Tensor, w: Tensor, w2: Tensor | None, act: str, b: Tensor | N
     if act in ("gelu", "gelu_tanh"):  # an MLP's up projection with its bias (GPT-NeoX, Phi-2, GPT-J)
         return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")
     return y if act == "none" else F.silu(y) * F.linear(x, w2)
+
+
+def rms_norm_ref(h: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' RMSNorm (Llama, Mistral, Qwen2/3 and their copies; collective.all_reduce_add_rms_norm's too)."""
+    h32 = h.to(torch.float32)
+    return weight * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
 
 
 def decode_rms_linear_ref(h: Tensor, norm_w: Tensor, w: Tensor, w2: Tensor | None = None, act: str = "none",
