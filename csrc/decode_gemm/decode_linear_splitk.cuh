@@ -222,8 +222,8 @@ inline bool tma_selected(int m, int nw, bool qkv) {
 // (debug_overrides.h) forces one kernel instead.
 // NORM (x is h, RMSNorm inside): the TMA kernel wherever it is built (the override "old": decode_linear_kernel).
 // There each CTA normalizes its x boxes once per stage; decode_linear_kernel's 8-column CTAs each normalize the rows
-// they read, 8 times the work: H200, Llama-style b1 step, gate/up with the norm 24.5 us there against 16.9 on the
-// TMA kernel (and 16.4 + 2.2 for the plain kernel and Inductor's add + RMSNorm).
+// they read, 8 times the work: H200, Llama-style b1 step, gate/up with the norm 24.6 us there against 17.0 on the
+// TMA kernel (and 16.4 + 2.3 for the plain kernel and Inductor's add + RMSNorm).
 template <typename T, int NW, bool NORM = false>
 void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false) {
   const debug::DecodeGemmOverride o = debug::decode_gemm_override();
