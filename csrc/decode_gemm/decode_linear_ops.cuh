@@ -20,15 +20,17 @@
 namespace fusekit {
 namespace decode_gemm {
 
-// RMSNorm's weight: a contiguous, 16-byte aligned [K] of x's dtype and device.
+// The norm ops' h and RMSNorm weight: K > 0 (an empty row has no mean), the weight a contiguous, 16-byte aligned [K]
+// of h's dtype and device.
 inline void check_norm(const at::Tensor& x, const at::Tensor& nw, const char* op) {
+  TORCH_CHECK(x.size(-1) > 0, "fusekit: ", op, ": K must be positive (RMSNorm of an empty row); got h ", describe(x));
   TORCH_CHECK(nw.dim() == 1 && nw.size(0) == x.size(-1) && nw.is_contiguous() && aligned16(nw.data_ptr()) &&
                   nw.scalar_type() == x.scalar_type() && nw.device() == x.device(),
               "fusekit: ", op, ": norm_w must be a contiguous, 16-byte aligned [K] vector of h's dtype and device; "
               "got h ", describe(x), ", norm_w ", describe(nw));
 }
 
-// The NORM kernels' parameters: h's RMSNorm weight and eps (the norm ops refuse K == 0: an empty row has no mean).
+// The NORM kernels' parameters: h's RMSNorm weight and eps.
 inline void set_norm(Params& p, const at::Tensor& nw, double eps) {
   p.norm_w = nw.data_ptr(), p.eps = static_cast<float>(eps);
 }
@@ -52,10 +54,7 @@ at::Tensor linear_op(const char* op, const at::Tensor& x, const at::Tensor& w, c
   check_bias(x, w, b, op, "b");
   if (halves) TORCH_CHECK(w.size(0) % 16 == 0, "fusekit: ", op, ": silu_mul_halves needs N / 2 a multiple of 8; "
                           "got ", describe(w));
-  if constexpr (NORM) {
-    check_norm(x, *nw, op);
-    TORCH_CHECK(x.size(-1) > 0, "fusekit: ", op, ": K must be positive (RMSNorm of an empty row); got h ", describe(x));
-  }
+  if constexpr (NORM) check_norm(x, *nw, op);
   // silu_mul_halves: one [2N, K] weight, gate rows then up rows (a fused gate_up projection); each half is a
   // contiguous [N, K] block, as two weights would be.
   const at::Tensor wg = halves ? w.narrow(0, 0, w.size(0) / 2) : w;
@@ -116,10 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_op(const char* op, const at::
   check_bias(x, wq, bq, op, "bq");
   check_bias(x, wk, bk, op, "bk");
   check_bias(x, wv, bv, op, "bv");
-  if constexpr (NORM) {
-    check_norm(x, *nw, op);
-    TORCH_CHECK(x.size(-1) > 0, "fusekit: ", op, ": K must be positive (RMSNorm of an empty row); got h ", describe(x));
-  }
+  if constexpr (NORM) check_norm(x, *nw, op);
   const int64_t K = x.size(-1), M = rows(x, op);
   const at::Tensor* ws[kMaxParts] = {&wq, &wk, &wv};
   const std::optional<at::Tensor>* bs[kMaxParts] = {&bq, &bk, &bv};

@@ -234,7 +234,7 @@ void launch_decode_linear(const Params& p, cudaStream_t stream, bool qkv = false
     }
     return;
   }
-  const int forced = o.kernel, splits = o.splits, stages = o.stages, boxes = o.boxes;  // (o: above)
+  const int forced = o.kernel, splits = o.splits, stages = o.stages, boxes = o.boxes;
   const bool early = o.early;
   if (forced == 2 && launch_tma<T, NW>(p, stream, splits, early, stages, boxes)) return;
   // In a decode step (H100, Llama-style @1024, CUDA graphs): above 8 rows the first weight tiles issued before
