@@ -141,6 +141,11 @@ __device__ __forceinline__ T store_value(float y, const Params& p, int64_t idx) 
   if (p.residual == nullptr) return from_float<T>(y);
   return from_float<T>(round_to<T>(y) + to_float(static_cast<const T*>(p.residual)[idx]));
 }
+// The same with the residual's element loaded beforehand (r: its value; ignored without a residual).
+template <typename T>
+__device__ __forceinline__ T store_value(float y, const Params& p, float r) {
+  return p.residual == nullptr ? from_float<T>(y) : from_float<T>(round_to<T>(y) + r);
+}
 
 // ---- RMSNorm inside the GEMM (the NORM kernels) ----
 // transformers' RMSNorm before a linear, `linear(w_norm * T(h * rsqrt(mean(h^2) + eps)), W)`, is computed as
@@ -192,12 +197,27 @@ __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0
                                                   const float* ssq = nullptr) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
   const int split = blockIdx.y, splits = gridDim.y, n = part_of(p.n, j);
+  const int rows = min(R, p.m), first = split * kThreads + threadIdx.x, step = splits * kThreads;
+  // The residual's pairs of this thread's first kPre elements, loaded before the cluster's barrier so that their
+  // latency hides behind it (after it, each store waited for its load).
+  constexpr int kPre = 2;  // (the loop below picks pre[0] or pre[1])
+  float2 pre[kPre];
+  const T* res = static_cast<const T*>(p.residual);
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int e = first + i * step, row = e / (kTileCols / 2), col = 2 * (e % (kTileCols / 2));
+    pre[i] = make_float2(0.f, 0.f);
+    if (res != nullptr && e < rows * (kTileCols / 2) && n0 + col < n) {
+      const int64_t idx = static_cast<int64_t>(row) * n + n0 + col;
+      pre[i] = make_float2(to_float(res[idx]), to_float(res[idx + 1]));
+    }
+  }
+  cluster.sync();  // every split's partial tile written (release/acquire across the cluster)
   T* out = static_cast<T*>(part_of(p.out, j));
   const T* bias = static_cast<const T*>(NW == 1 ? part_of(p.bias, j) : nullptr);
-  const int rows = min(R, p.m);
-  for (int e = split * kThreads + threadIdx.x; e < rows * (kTileCols / 2); e += splits * kThreads) {
+  int it = 0;
+  for (int e = first; e < rows * (kTileCols / 2); e += step, ++it) {
     const int row = e / (kTileCols / 2), col = 2 * (e % (kTileCols / 2));
     if (n0 + col >= n) continue;  // n is a multiple of 8: both columns in or both out
     float2 v[NW][kMaxClusterSplits];  // every split's pair loaded first (one round trip), then summed in rank order
@@ -230,8 +250,14 @@ __device__ __forceinline__ void cluster_sum_store(const Params& p, int j, int n0
     const float y0 = epilogue<T, NW>(p.act, s[0].x, s[NW - 1].x, bias, n0 + col);
     const float y1 = epilogue<T, NW>(p.act, s[0].y, s[NW - 1].y, bias, n0 + col + 1);
     const int64_t idx = static_cast<int64_t>(row) * n + n0 + col;
-    out[idx] = store_value<T>(y0, p, idx);
-    out[idx + 1] = store_value<T>(y1, p, idx + 1);
+    if (it < kPre) {
+      const float2 r = it == 0 ? pre[0] : pre[1];  // (constant indices: pre stays in registers)
+      out[idx] = store_value<T>(y0, p, r.x);
+      out[idx + 1] = store_value<T>(y1, p, r.y);
+    } else {
+      out[idx] = store_value<T>(y0, p, idx);
+      out[idx + 1] = store_value<T>(y1, p, idx + 1);
+    }
   }
   // the reads of other CTAs' memory are done: a relaxed barrier, no release needed
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");

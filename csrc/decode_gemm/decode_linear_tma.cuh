@@ -253,6 +253,12 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
     __syncwarp();
   } else {  // consumers: the warpgroup multiplies each stage as it lands
     pdl_wait();  // (the epilogue's stores)
+    if (p.residual != nullptr && threadIdx.x < min(MX, p.m)) {
+      // the residual's 128-byte line of this tile's row threadIdx, into L2 while the ring streams: it was written
+      // kernels before and the weights streamed since may have evicted it (the epilogue's load then missed)
+      const T* line = static_cast<const T*>(p.residual) + static_cast<int64_t>(threadIdx.x) * part_of(p.n, j) + n0;
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+    }
     for (int i = 0; i < nk; ++i) {
       const int s = i % ns;
       uint4 g = make_uint4(0, 0, 0, 0);
