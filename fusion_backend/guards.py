@@ -248,7 +248,7 @@ def _selection_guard(p: "Pattern") -> Guard:
         if t.device.type != "cuda":
             return None
         if not p.on_by_default(t.dtype, s.kernel_arch()):
-            return f"off by default on CUDA in {t.dtype}: slower than Inductor's kernel in the benchmark"
+            return f"off by default on CUDA in {t.dtype}: not faster than what it replaces in the benchmark"
         n, floor = t.numel(), p.min_numel(t.dtype)
         if isinstance(n, int) and n < floor:
             return (f"{n:,} elements, below the size threshold ({floor:,} in {t.dtype}): Inductor's kernels "

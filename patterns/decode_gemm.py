@@ -601,10 +601,10 @@ def _rms_guards(rule: str, *weights: str, bias: tuple[str, ...] = ()) -> tuple[G
 # The RMSNorm rules and linear_residual are opt-in (options={"enable": [...]}; RMS_RESIDUAL_RULES names all four).
 # Together they take the add + RMSNorm kernel between a layer's linears out of a decode step (Llama-style: 10.8 ->
 # 8.8 kernels a layer), but measured no faster (H200, torch 2.11, CUDA graphs, position 1024 of 4096; the TMA
-# kernel): batch 1 0.483 ms against 0.479 without them, batch 32 0.700-0.717 against 0.688-0.695. In the step's
-# profile at batch 1 (means a layer) gate/up with the norm took 17.0 us (the plain kernel 16.4 and Inductor's add +
-# RMSNorm 2.3), q/k/v 9.1 (7.4 + 2.3), but o and down with the residual epilogue 9.5 against 7.5: the residual's
-# load waits at the end of the kernel (benchmarks/RESULTS.md).
+# kernel with the residual's loads ahead of the cluster barrier): batch 1 0.482 ms with and without them, batch 32
+# 0.693 against 0.692. In the step's profile at batch 1 (means a layer) gate/up with the norm took 17.0 us (the
+# plain kernel 16.4 and Inductor's add + RMSNorm 2.3), q/k/v 9.1 (7.4 + 2.3), but the down projection after the
+# normed gate/up ends ~2 us later than after the plain one, residual prefetched or not (benchmarks/RESULTS.md).
 RMS_RESIDUAL_RULES = ("decode_gemm.rms_qkv", "decode_gemm.rms_qkv_bias", "decode_gemm.rms_gate_up_silu",
                       "decode_gemm.linear_residual")
 
