@@ -309,7 +309,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quant", default=None, choices=("int8-weight-only", "int8-dynamic", "fp8-rowwise"),
                    help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
                         "int8-weight-only: Int8WeightOnlyConfig; int8-dynamic: Int8DynamicActivationInt8WeightConfig "
-                        "(its linears left to Inductor: no rule takes them yet); fp8-rowwise: "
+                        "(its linears fused with x's quantization up to 32 rows); fp8-rowwise: "
                         "Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), sm_89+")
     b.add_argument("--tp", default=None, help="comma-separated tensor-parallel sizes (transformers' "
                    "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
