@@ -108,7 +108,9 @@ def test_decode_reads_the_cache_buffers_in_place():
     src = "\n".join(code)
     calls = re.findall(r"fusekit\.decode_attention\.default\((\w+), (\w+), (\w+),", src)
     assert len(calls) == st.model.config.num_hidden_layers, src
-    inputs = set(re.findall(r"assert_size_stride\((\w+), \(2, 2, 64, 64\)", src))  # the k/v cache inputs
+    # the k/v cache inputs, as the generated module's benchmark harness makes them (the size asserts' form differs
+    # between torch versions: 2.14 groups them)
+    inputs = set(re.findall(r"(arg\w+) = rand_strided\(\(2, 2, 64, 64\)", src))
     assert all(k in inputs and v in inputs for _, k, v in calls), (calls, inputs)
 
 
