@@ -136,15 +136,15 @@ __device__ __forceinline__ float epilogue(int act, float s0, float s1, const T* 
 
 // The stored value of an output element: y rounded to T, plus the residual's element (when given) rounded again,
 // as eager's `residual + linear(...)` of two T tensors.
-template <typename T>
-__device__ __forceinline__ T store_value(float y, const Params& p, int64_t idx) {
-  if (p.residual == nullptr) return from_float<T>(y);
-  return from_float<T>(round_to<T>(y) + to_float(static_cast<const T*>(p.residual)[idx]));
-}
-// The same with the residual's element loaded beforehand (r: its value; ignored without a residual).
+// r: the residual's element, loaded beforehand (ignored without a residual).
 template <typename T>
 __device__ __forceinline__ T store_value(float y, const Params& p, float r) {
   return p.residual == nullptr ? from_float<T>(y) : from_float<T>(round_to<T>(y) + r);
+}
+// The same, the residual's element loaded here (idx: the element's index in out and residual).
+template <typename T>
+__device__ __forceinline__ T store_value(float y, const Params& p, int64_t idx) {
+  return store_value<T>(y, p, p.residual == nullptr ? 0.f : to_float(static_cast<const T*>(p.residual)[idx]));
 }
 
 // ---- RMSNorm inside the GEMM (the NORM kernels) ----
