@@ -71,18 +71,20 @@ def run(names, phases, modes, cpu: bool, log=print, batches=(None,), rounds: int
 
 
 def _one(name, phase, modes, cpu, opts, device, batch, rounds, log) -> list[dict]:
-    """Inductor and fusekit alternating, `rounds` times each (the median of each kept)."""
+    """Inductor and fusekit alternating, `rounds` times each (the median of each kept, and every round: the first
+    fusekit compile of a process also makes its rules' pattern-matcher entries, which later compiles reuse)."""
     rows = []
     fn, kwargs, desc = build(name, phase, device, batch)
     first_call(fn, kwargs, "inductor", "default", cpu)  # warm: Triton kernels, imports
     for mode in modes:
         if cpu and mode == "reduce-overhead":
             continue
-        ind, fk = [], []
+        ind, fk, passes = [], [], []
         for _ in range(rounds):
             ind.append(first_call(fn, kwargs, "inductor", mode, cpu)[0])
             s, rep = first_call(fn, kwargs, "fusekit" if not opts else fusekit_backend(options=opts), mode, cpu)
             fk.append(s)
+            passes.append(rep.pass_s)
         ind_s, fk_s = statistics.median(ind), statistics.median(fk)
         nodes = sum(g.nodes_before for g in rep.graphs)
         row = {"model": name, "phase": phase, "mode": mode, "what": desc["what"], "dtype": desc["dtype"],
@@ -90,11 +92,13 @@ def _one(name, phase, modes, cpu, opts, device, batch, rounds, log) -> list[dict
                "pass_s": rep.pass_s, "pass_share": rep.pass_s / fk_s, "graphs": len(rep.graphs),
                "nodes": nodes, "match_attempts": rep.match_attempts,
                "attempts_per_node": rep.match_attempts / max(nodes, 1),
-               "sites": {k: v for k, v in sorted(rep.sites.items()) if v}}
+               "sites": {k: v for k, v in sorted(rep.sites.items()) if v},
+               "inductor_rounds": ind, "fusekit_rounds": fk, "pass_rounds": passes}
         rows.append(row)
         log(f"  {name:8s} {phase:7s} {mode:15s} Inductor {ind_s:6.1f} s  fusekit {fk_s:6.1f} s "
             f"({row['ratio']:.2f}x)  pass {rep.pass_s:5.2f} s ({row['pass_share']:.1%})  "
-            f"{rep.match_attempts:,} attempts / {nodes:,} nodes  sites {row['sites']}")
+            f"{rep.match_attempts:,} attempts / {nodes:,} nodes  sites {row['sites']}  rounds: "
+            + ", ".join(f"{i:.1f} -> {f:.1f} s (pass {p:.2f})" for i, f, p in zip(ind, fk, passes)))
     del fn, kwargs
     return rows
 
@@ -102,14 +106,18 @@ def _one(name, phase, modes, cpu, opts, device, batch, rounds, log) -> list[dict
 def markdown(rows: list[dict], env: str) -> str:
     lines = [f"# fusekit compile time: {env}", "",
              "First call from scratch (FX-graph and AOTAutograd caches off, Triton kernels built by an earlier "
-             "untimed Inductor compile). pass = fusekit's post-grad pass, all graphs of the model.", "",
+             "untimed Inductor compile). pass = fusekit's post-grad pass, all graphs of the model. Medians of the "
+             "rounds (Inductor and fusekit alternating); the last column is each round, Inductor -> fusekit (pass): "
+             "the first fusekit compile of the process also makes its rules' entries.", "",
              "| model | phase | mode | Inductor s | fusekit s | fusekit / Inductor | pass s | pass share | "
-             "match attempts / nodes | sites |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "match attempts / nodes | sites | rounds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sites = ", ".join(f"{k.split('.')[-1]} x{v}" for k, v in r["sites"].items()) or "-"
         lines.append(f"| {r['model']} ({r['dtype']}, batch {r['batch']}) | {r['phase']} | {r['mode']} | "
                      f"{r['inductor_s']:.1f} | {r['fusekit_s']:.1f} | {r['ratio']:.2f}x | {r['pass_s']:.2f} | "
-                     f"{r['pass_share']:.1%} | {r['match_attempts']:,} / {r['nodes']:,} | {sites} |")
+                     f"{r['pass_share']:.1%} | {r['match_attempts']:,} / {r['nodes']:,} | {sites} | "
+                     + "; ".join(f"{i:.1f} -> {f:.1f} ({p:.2f})" for i, f, p in
+                                 zip(r["inductor_rounds"], r["fusekit_rounds"], r["pass_rounds"])) + " |")
     return "\n".join(lines) + "\n"
 
 

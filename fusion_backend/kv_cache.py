@@ -16,6 +16,12 @@ while it reads them (``Pattern.rolling_op``: the decode attention's ``fusekit::d
 and that op become the rolling one (``cache.window_roll_reader``): the window is read once, not twice.
 The roll's index and the last slot's index are evaluated (constants made of iota/arange/add/fmod/full), so
 any spelling that computes the same permutation matches.
+
+``cache.length_counters``: caches that count their own length (transformers >= 5.2x: each layer's
+``cumulative_length.add_(n)``) leave one ``copy_(counter, add(counter, n))`` per layer at the end of a step, and Inductor
+gives each its own kernel, after the layer that reads it (combo kernels do not join them): 8 launches at the end of
+a Llama-style step. They become one ``aten._foreach_add_`` of all the counters, which Inductor lowers to one
+horizontal kernel.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ FAMILY = "cache"
 RULE = "cache.window_roll"
 KERNEL = "window_roll"  # csrc/cache/window_roll.cu
 READER_RULE = "cache.window_roll_reader"
+COUNTERS_RULE = "cache.length_counters"
+_COUNTER_NUMEL = 16  # a counter is a small tensor: the rewrite leaves other in-place adds to Inductor
 aten = torch.ops.aten
 _CONST_OPS = {torch.ops.prims.iota.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
               aten.add.Tensor, aten.add.Scalar, aten.fmod.Scalar, aten.fmod.Tensor, aten.remainder.Scalar,
@@ -263,3 +271,48 @@ def _erase_dead(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         inputs = n.all_input_nodes
         graph.erase_node(n)
         todo += [a for a in inputs if not a.users and a.op == "call_function"]
+
+
+def fold_counters(graph: torch.fx.Graph, record, cpu_reference: bool) -> None:
+    """Every group of two or more ``copy_(n, add(n, k))`` (n a small graph input, the same k, dtype and device) as one
+    ``aten._foreach_add_.Scalar(ns, k)`` where the last of the group's copies was. Only where nothing reads a
+    counter after that point (a functional graph's reads come before its mutations' copies)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    groups: dict[tuple, list[tuple[torch.fx.Node, torch.fx.Node]]] = {}
+    for copy in graph.find_nodes(op="call_function", target=aten.copy_.default):
+        got = _counter_step(copy, cpu_reference)
+        if got is not None:
+            groups.setdefault(got[1], []).append((copy, got[0]))
+    for (_, _, k), steps in groups.items():
+        last = max((c for c, _ in steps), key=order.__getitem__)
+        steps = [(c, a) for c, a in steps
+                 if all(order[u] < order[last] for u in c.args[0].users if u not in (a, c))]
+        if len(steps) < 2:
+            continue
+        with graph.inserting_after(last):
+            op = graph.call_function(aten._foreach_add_.Scalar, ([c.args[0] for c, _ in steps], k))
+        op.meta["val"] = None
+        op.meta["stack_trace"] = steps[0][1].meta.get("stack_trace")
+        for copy, add in steps:
+            graph.erase_node(copy)
+            graph.erase_node(add)
+        record.sites[COUNTERS_RULE] += 1
+        record.nodes_replaced[COUNTERS_RULE] += 2 * len(steps)
+        record.fused_sites.append((COUNTERS_RULE, describe(op)))
+
+
+def _counter_step(copy: torch.fx.Node, cpu_reference: bool) -> tuple[torch.fx.Node, tuple] | None:
+    """(the add, its group's key (device, dtype, k)) where `copy` is ``copy_(n, add(n, k))``, n a graph input of at
+    most _COUNTER_NUMEL elements, k an int and the add read by nothing else; None elsewhere."""
+    counter, add = copy.args[:2]
+    if counter.op != "placeholder" or copy.users or not isinstance(add, torch.fx.Node) or add.kwargs \
+            or add.target not in (aten.add.Tensor, aten.add.Scalar) or len(add.args) != 2 \
+            or add.args[0] is not counter or set(add.users) != {copy}:
+        return None
+    k, val = add.args[1], counter.meta.get("val")
+    if not isinstance(k, int) or isinstance(k, bool) or not isinstance(val, Tensor) or val.is_floating_point() \
+            or not isinstance(val.numel(), int) or val.numel() > _COUNTER_NUMEL:
+        return None
+    if val.device.type != "cuda" and not (cpu_reference and val.device.type == "cpu"):
+        return None
+    return add, (val.device, val.dtype, k)

@@ -40,7 +40,7 @@ def test_doctor_lists_every_pattern_per_dtype(capsys):
     for p in table.all_patterns():
         assert p.id in out
     assert "limits" in out and "head dims 64, 80, 96, 112, 128, 160, 192, 256" in out  # every head dim is named
-    for rule in ("cache.window_roll", "cache.window_roll_reader", "collective.all_reduce_one_shot",
+    for rule in ("cache.window_roll", "cache.window_roll_reader", "cache.length_counters", "collective.all_reduce_one_shot",
                  "collective.all_reduce_add_rms_norm"):
         line = next(x for x in out.splitlines() if x.split()[:1] == [rule])  # the rewrites outside the tables
         assert line.split()[1] in ("on", "no-kernel"), line

@@ -1,12 +1,13 @@
 """fusekit::window_roll and its rewrite (kv_cache.py) on CPU: the op against torch.roll, opcheck, the rewrite where
 a full sliding window rolls (transformers' StaticSlidingWindowLayer, and the same steps written by hand), the caches
 and logits after the step as eager leaves them, and where it must not fire (another shift, the cache read elsewhere,
-the rule disabled). The kernel's own tests: tests/test_decode_gpu.py."""
+the rule disabled). The length counters' one launch (cache.length_counters) the same way. The kernel's own tests:
+tests/test_decode_gpu.py."""
 import pytest
 import torch
 
 import fusion_backend
-from fusion_backend.kv_cache import READER_RULE, RULE
+from fusion_backend.kv_cache import COUNTERS_RULE, READER_RULE, RULE
 from fusion_backend.ops import window_roll_ref
 
 op = torch.ops.fusekit.window_roll
@@ -166,3 +167,65 @@ def test_roll_attention_not_fused_where_the_cache_is_read_elsewhere():
     assert any(m.pattern == READER_RULE for m in rep.near_misses), str(rep)
     torch.testing.assert_close(out, want)
     assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
+# ---- cache.length_counters: every layer's `cumulative_length.add_(n)` in one foreach add -----------------------------
+def _count_step(counters, x, steps=(1, 1, 1)):
+    """Each layer writes at its counter's slot, then advances it in place (transformers' StaticLayer)."""
+    out = x
+    for c, n in zip(counters, steps):
+        out = out * 2 + c.float()
+        c.add_(n)
+    return out
+
+
+@pytest.mark.parametrize("steps,sites,options", [((1, 1, 1), 1, {}), ((1, 2, 1), 1, {}), ((1, 2, 3), 0, {}),
+                                                  ((1, 1, 1), 0, {"disable": [COUNTERS_RULE]}),
+                                                  ((1, 1, 1), 0, {"disable": ["cache"]})])
+def test_counters_advance_in_one_op(steps, sites, options):
+    """Two or more counters advanced by the same step fold into one ``_foreach_add_`` (with unequal steps, those
+    that agree); the counters and the result are eager's. A lone counter, or the rule disabled: nothing."""
+    counters = [torch.tensor([5]), torch.tensor(7), torch.tensor([9])]
+    x = torch.randn(4)
+    want_counters = [c.clone() for c in counters]
+    want = _count_step(want_counters, x, steps)
+    out, rep = _compiled(lambda a, b, c, x: _count_step([a, b, c], x, steps), *counters, x, **options)
+    assert rep.sites[COUNTERS_RULE] == sites and not rep.errors, str(rep)
+    assert ("_foreach_add_" in rep.graphs[0].graph_code) == bool(sites)
+    assert torch.equal(out, want)
+    assert all(torch.equal(c, w) for c, w in zip(counters, want_counters))
+
+
+def test_counters_left_alone_where_not_small_integers():
+    """Float tensors and large ones advanced in place are not counters: Inductor keeps them."""
+    for make in (lambda: torch.randn(3), lambda: torch.zeros(64, dtype=torch.long)):
+        a, b = make(), make()
+        wa, wb = a.clone(), b.clone()
+        wa.add_(1)
+        wb.add_(1)
+        out, rep = _compiled(lambda a, b: (a.add_(1), b.add_(1)) and a * 2, a, b)
+        assert rep.sites[COUNTERS_RULE] == 0, str(rep)
+        assert torch.equal(a, wa) and torch.equal(b, wb)
+
+
+def test_decode_step_counters_in_one_op():
+    """A decode step of a tiny Llama (2 layers, transformers' StaticCache: a counter per layer): one site, and the
+    counters, cache rows and logits as eager leaves them."""
+    from fusion_backend.tools.decode_bench import Step, cache_restorer
+
+    st = Step("llama", "cpu", 2, 64)
+    st.at(8)
+    restore = cache_restorer(st.cache)
+    with torch.no_grad():
+        want = st(st.model)
+        want_lens = [n.clone() for n in st.lens]
+        want_rows = [(layer.keys.clone(), layer.values.clone()) for layer in st.cache.layers]
+        restore()
+        rep = fusion_backend.explain(st.model, st.token, past_key_values=st.cache, cache_position=st.pos,
+                                     use_cache=True, options={"cpu_reference": True})
+    assert len(st.lens) >= 2 and rep.sites[COUNTERS_RULE] == 1 and not rep.errors, str(rep)
+    assert [int(n) for n in st.lens] == [int(n) for n in want_lens] == [9] * len(st.lens)
+    torch.testing.assert_close(rep.output.logits, want, atol=1e-4, rtol=1e-4)
+    for layer, (k, v) in zip(st.cache.layers, want_rows):  # (the new row: computed in another order)
+        torch.testing.assert_close(layer.keys, k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.values, v, atol=1e-5, rtol=1e-5)

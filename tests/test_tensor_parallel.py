@@ -122,7 +122,8 @@ def test_tp_bench_cpu_checks_rules_and_logits(tmp_path):
     fk, ind = r["backends"]["fusekit"], r["backends"]["inductor"]
     assert (r["tp"], r["process_group"], fk["errors"]) == (2, "gloo", 0)
     assert fk["sites"] == {"decode.mqa": 2, "decode_gemm.qkv": 2, "decode_gemm.gate_up_silu": 2,
-                           "decode_gemm.linear": 5, "collective.all_reduce_add_rms_norm": 5}, fk["sites"]
+                           "decode_gemm.linear": 5, "collective.all_reduce_add_rms_norm": 5,
+                           "cache.length_counters": 1}, fk["sites"]
     assert fk["max_abs_vs_eager"] < 1e-4 and ind["max_abs_vs_eager"] < 1e-4
     assert "ms" not in fk and "speedup" not in r  # untimed on CPU
     assert json.loads((tmp_path / "tp.json").read_text())["steps"][0]["tp"] == 2
