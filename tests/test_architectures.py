@@ -175,7 +175,7 @@ def test_decode_step_attention_rule_fires_on_cuda(name):
 # From torch 2.14 the CPU flash SDPA op takes one KV head for many query heads as it is (Falcon passes it so, without
 # a scale argument), where torch 2.11-2.13 run SDPA's math decomposition, which the decode.mqa_sdpa rules match: on
 # such a CPU those rules have no site (a known gap; CUDA is checked by the test above).
-CPU_SDPA_TAKES_ONE_KV_HEAD = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14)
+CPU_SDPA_TAKES_ONE_KV_HEAD = torch.__version__ >= (2, 14)  # (a TorchVersion: compared as a version)
 
 
 @pytest.mark.slow
