@@ -23,7 +23,7 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import _ext, collectives, guards, kv_cache, lowered, matcher, registry, table, unpad
+from . import _ext, collectives, guards, kv_cache, lowered, matcher, registry, sdpa_scale, table, unpad
 from .guards import SiteFailure
 from .options import Options
 from .stats import NearMiss, PassRun, new_record, publish
@@ -34,7 +34,7 @@ _PKG = pathlib.Path(__file__).resolve().parent
 
 # The modules whose code decides what a compiled graph holds (not the CLI, the benchmarks, the report).
 ENGINE = ("backend", "options", "passes", "registry", "table", "tracing", "forms", "matcher", "guards", "ops",
-          "verify", "unpad", "lowered", "_ext", "collectives", "kv_cache")
+          "verify", "unpad", "lowered", "_ext", "collectives", "kv_cache", "sdpa_scale")
 
 
 def source_files() -> tuple[str, ...]:
@@ -98,6 +98,7 @@ class FusekitPass(CustomGraphPass):
                 enabled = [p for p in self.options.patterns if p not in skip]
                 record.match_attempts = 0
                 lowered.expand(graph)  # Inductor's woq_int8 lowering calls, as the ATen ops they stand for
+                sdpa_scale.spell_out(graph)  # the fused forms bind scale: a call without one gets its default
                 padded = unpad.strip(graph)  # rules match the unpadded chain; padding goes back where none did
                 t_entries = time.perf_counter()
                 family_passes = matcher.family_passes(graph, enabled, dtypes, run, firing_only=not report)

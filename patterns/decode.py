@@ -310,8 +310,9 @@ def _rule(what: str, heads: tuple[int, int], kind: str, forms: bool, **kw) -> Pa
         trace="inductor", trace_case=(1 if kv == "sdpa" else 2, *(MHA if kv == "broadcast" else heads), 1, 6, 8, kind),
         literals=("scale",),
         graph_forms=_forms(masked) if forms else (),
-        # eager attention of a broadcast KV head copies it before its matmul (a clone the trace here lacks): not matched
-        variants=(_eager(masked),) if forms and kv != "broadcast" else (),
+        # eager attention of a broadcast KV head copies it before its matmul (a clone the trace here lacks): not matched;
+        # a KV head that SDPA broadcasts itself: SDPA's math decomposition or a fused op that takes it as it is
+        variants=(_eager(masked),) if forms and kv not in ("broadcast", "sdpa") else (),
         guards=(*heads_guard, cache_inputs("q", "k", "v", "mask" if masked else None), short_queries("q"),
                 *((enough_rows("q"),) if kv == "mha" else ())), **kw,
         fixtures=Fixtures(cases=_cases(*heads, kind), baseline=decode_attention_eager,
@@ -334,8 +335,9 @@ PATTERNS = [
     # One KV head that SDPA broadcasts itself (Falcon-7B): its math decomposition, the only one that takes unequal
     # heads, copies the head for every query head before each batched matmul; the op reads it once for the group.
     # (A decode step against a static cache always has a mask: no rule for none, whose forms every compile would pay.)
+    # From torch 2.14 CPU SDPA takes the one head as it is (the flash op): the fused forms, mask of either dtype.
     _rule("mqa_sdpa_bool_mask", MQA_SDPA, "bool", forms=False),
-    _rule("mqa_sdpa", MQA_SDPA, "float", forms=False),
+    _rule("mqa_sdpa", MQA_SDPA, "float", forms=True),
     # Without grouped heads the kernel's only gain is the blocks the mask hides: near a full cache it measured
     # slower than the fused SDPA Inductor calls (GPT-2, H100, per step: b32/b64 at position 1000 of 1024 0.96x /
     # 0.95x, 1.17-1.62x at 128 and 512), and a compiled step serves every position, so on CUDA these fire only

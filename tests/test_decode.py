@@ -212,3 +212,25 @@ def test_decode_bench_goes_on_past_a_step_the_model_cannot_run(tmp_path, monkeyp
     md = (tmp_path / "decode.md").read_text()
     assert "Not run (the model itself failed the step): llama batch 1: RuntimeError: self.size(0)" in md, md
     assert "| llama | 2 | 8/64 |" in md
+
+
+@pytest.mark.parametrize("spelled", [True, False])
+def test_sdpa_without_scale_fires_with_its_default(spelled, monkeypatch):
+    """An attention that leaves SDPA's scale out (as Falcon does) reaches the graph as a fused op with no scale:
+    sdpa_scale.py writes its default, 1/sqrt(D), into the call, and the rule's fused form takes it (without that
+    step, no site); the result is eager's."""
+    import fusion_backend
+    from fusion_backend import sdpa_scale
+    from fusion_backend.patterns.decode import repeat_kv
+
+    def attend(q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=g) for s in ((2, 8, 1, 64), (2, 4, 40, 64), (2, 4, 40, 64)))
+    mask = torch.zeros(2, 1, 1, 40).masked_fill(torch.rand(2, 1, 1, 40, generator=g) > 0.7, float("-inf"))
+    if not spelled:
+        monkeypatch.setattr(sdpa_scale, "spell_out", lambda graph: 0)
+    rep = fusion_backend.explain(attend, q, k, v, mask, options={"cpu_reference": True})
+    assert rep.sites["decode.gqa"] == int(spelled) and not rep.errors, str(rep)
+    torch.testing.assert_close(rep.output, attend(q, k, v, mask), atol=1e-5, rtol=1e-5)
