@@ -130,3 +130,29 @@ def test_prechecked_pattern_fails_early_and_matches_the_same():
     got = [pm.is_match(checked.match(n)) for n in nodes]
     assert got == [pm.is_match(pattern.match(n)) for n in nodes] == [True, False, False, False]
     assert checked.fns == pattern.fns  # the rest of the interface is the pattern's
+
+
+def test_a_form_is_offered_only_where_its_whole_chain_of_calls_occurs():
+    """A form's ops and parent -> child edges can each occur in a graph while its chain does not: its call tree
+    (forms.Call) is then nowhere in the graph, and the form is not offered."""
+    from torch._inductor import pattern_matcher as pm
+
+    from fusion_backend import forms
+    from fusion_backend.matcher import GraphIndex
+
+    aten = torch.ops.aten
+    form = pm.CallFunction(aten.neg.default, pm.CallFunction(
+        aten.mul.Tensor, pm.CallFunction(aten.add.Tensor, pm.KeywordArg("a"), pm.KeywordArg("b")), pm.KeywordArg("c")))
+    g = torch.fx.Graph()
+    x, y, z = (g.placeholder(n) for n in "xyz")
+    g.call_function(aten.mul.Tensor, (g.call_function(aten.add.Tensor, (x, y)), z))  # mul(add), no neg after it
+    g.call_function(aten.neg.default, (g.call_function(aten.mul.Tensor, (x, y)),))   # neg(mul), no add before it
+    index, head = GraphIndex(g), (forms.requirements(form), forms.calls(form, {}))
+    assert index.fits(*head[0]) and not index.occurs(head[1])
+    def chain(*add_args):
+        return g.call_function(aten.neg.default, (g.call_function(aten.mul.Tensor, (
+            g.call_function(aten.add.Tensor, add_args), z)),))
+    chain(x, y, z)
+    assert not GraphIndex(g).occurs(head[1])  # an add of three arguments is not the form's add
+    chain(x, z)
+    assert GraphIndex(g).occurs(head[1])
