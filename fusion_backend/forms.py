@@ -1,29 +1,33 @@
 """Search forms: what each rule is matched as. Every traced pattern of a rule (tracing.py), expanded into the
 graphs it must also match (commuted operands, the copy a head-transposed operand gets, a direct bmm, the
-fp32 form without its downcast), each with the ops and edges a graph must hold for it to match anywhere.
+fp32 form without its downcast), each with a head: what a graph must hold for it to match anywhere.
 Tracing costs about a second a rule, so the forms are kept in memory for the process and pickled under
 ``$FUSEKIT_CACHE/patterns/`` (keyed by torch's version and the sources that shape a trace), as Inductor keeps
-its serialized SDPA patterns: a new process loads them instead of tracing again.
+its serialized SDPA patterns: a new process loads them instead of tracing again. A rule's file holds its forms'
+heads apart from their patterns, so a compile reads the heads and unpickles only the forms its graph could match.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import inspect
 import io
+import itertools
 import os
 import pathlib
 import pickle
 import sys
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._inductor import pattern_matcher as pm
 
 from .registry import Pattern
-from .tracing import _clone_variants, _commuted, _downcast_root, _expand_variants, trace_search_pattern_and_forms
+from .tracing import (_clone_variants, _commuted, _downcast_root, _expand_variants, _relaxed,
+                      trace_search_pattern_and_forms)
 
 
 Ops = frozenset  # the targets one pattern node accepts (a view, a reshape and an _unsafe_view are one)
@@ -59,59 +63,115 @@ def requirements(expr: Any) -> Requirements:
     return frozenset(ops), frozenset(edges)
 
 
+class Call(NamedTuple):
+    """A call of a search form as a graph must hold it: one of `fns` with `nargs` positional arguments, those at the
+    positions in `args` calls themselves (Inductor's ``_TargetArgsExpr._match`` checks the target and the argument
+    count, then each argument). A rule input, a literal and a keyword argument match anything here."""
+
+    fns: Ops
+    nargs: int
+    args: tuple[tuple[int, "Call"], ...]
+
+
+def calls(expr: Any, made: dict[tuple, Call]) -> tuple[Call, ...]:
+    """The call trees at `expr`'s outputs (its anchor first). `made` holds the calls made so far, by their targets,
+    argument count and argument calls: the forms of a rule share one Call per distinct sub-tree (a graph check of
+    one holds for all)."""
+    def go(e: pm.CallFunction) -> Call:
+        args = tuple((i, go(a)) for i, a in enumerate(e.args) if type(a) is pm.CallFunction)
+        key = (Ops(e.fns), len(e.args), tuple((i, id(c)) for i, c in args))
+        return made.setdefault(key, Call(*key[:2], args))
+
+    outs = expr.outputs if isinstance(expr, pm.MultiOutputPattern) else [expr]
+    return tuple(go(o) for o in outs if type(o) is pm.CallFunction)
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """What a graph must hold for a search form to match anywhere: its ops and edges, and the call trees at its
+    outputs. `explains`: its pattern, relaxed, explains near misses (a rule's own form, the first of its kind)."""
+
+    needs: Requirements
+    calls: tuple[Call, ...]
+    explains: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchForm:
-    """One search pattern of a rule: the PatternExpr, the scalar forms its replacement undoes, whether it
-    is the fp32 computation without the rule's downcast (the op then stores out_dtype=float32), and what a
-    graph must hold for it to match anywhere."""
+    """One search pattern of a rule: the PatternExpr, the scalar forms its replacement undoes, and whether it
+    is the fp32 computation without the rule's downcast (the op then stores out_dtype=float32)."""
 
     expr: Any
     inverse: dict[str, int]
     cast: bool
-    needs: Requirements
 
 
-_COMMON: dict[tuple[str, torch.dtype, str], Requirements] = {}
-_FORMS: dict[tuple[str, torch.dtype, str], list[SearchForm]] = {}
+class _Rule:
+    """A rule's search forms in one dtype on one device: what all of them need, each one's head, and each form;
+    the heads and each form held as their pickles until first used (most rules a graph is offered fail on what all
+    forms need, most forms of the others on their heads)."""
+
+    def __init__(self, common: Requirements, heads: list[Head] | bytes, forms: list[SearchForm | bytes]) -> None:
+        self.common, self._heads, self.forms = common, heads, forms
+
+    @property
+    def heads(self) -> list[Head]:
+        if isinstance(self._heads, bytes):
+            self._heads = _unpickle(self._heads)
+        return self._heads
+
+
+_RULES: dict[tuple[str, torch.dtype, str], _Rule] = {}
+
+
+def _rule(pattern: Pattern, dtype: torch.dtype, device: str) -> _Rule:
+    """From memory, else from the disk cache, else traced (and then written to both)."""
+    key = (pattern.id, dtype, device)
+    if key not in _RULES:
+        path = _cache_path(pattern, dtype, device)
+        rule = _load(path)
+        if rule is None:
+            forms, heads = _trace_forms(pattern, dtype, device)
+            rule = _Rule(_common(heads), heads, forms)
+            _store(path, rule)
+        _RULES[key] = rule
+    return _RULES[key]
 
 
 def common_requirements(pattern: Pattern, dtype: torch.dtype, device: str) -> Requirements:
-    """What every search form of the rule needs: a graph without it is not offered the rule at all (and
-    its forms are not even loaded)."""
-    key = (pattern.id, dtype, device)
-    if key not in _COMMON:
-        loaded = _load(_cache_path(pattern, dtype, device), header_only=True)
-        if loaded is None:
-            search_forms(pattern, dtype, device)
-        else:
-            _COMMON[key] = loaded[0]
-    return _COMMON[key]
+    """What every search form of the rule needs: a graph without it is not offered the rule at all."""
+    return _rule(pattern, dtype, device).common
+
+
+def heads(pattern: Pattern, dtype: torch.dtype, device: str) -> list[Head]:
+    """The head of each search form of `pattern` in `dtype` on `device` (search_form(..., i) is the i-th form)."""
+    return _rule(pattern, dtype, device).heads
+
+
+def search_form(pattern: Pattern, dtype: torch.dtype, device: str, i: int) -> SearchForm:
+    rule = _rule(pattern, dtype, device)
+    if isinstance(rule.forms[i], bytes):
+        rule.forms[i] = _unpickle(rule.forms[i])
+    return rule.forms[i]
 
 
 def search_forms(pattern: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
-    """Every search pattern of `pattern` in `dtype` on `device`, commuted and shape variants included, each
-    once: from memory, else from the disk cache, else traced (and then written to both)."""
-    key = (pattern.id, dtype, device)
-    if key not in _FORMS:
-        path = _cache_path(pattern, dtype, device)
-        loaded = _load(path)
-        if loaded is None:
-            forms = _trace_forms(pattern, dtype, device)
-            loaded = (_common(forms), forms)
-            _store(path, loaded)
-        _COMMON[key], _FORMS[key] = loaded
-    return _FORMS[key]
+    """Every search pattern of `pattern` in `dtype` on `device`, commuted and shape variants included, each once."""
+    return [search_form(pattern, dtype, device, i) for i in range(len(heads(pattern, dtype, device)))]
 
 
-def _common(forms: list[SearchForm]) -> Requirements:
-    ops = frozenset.intersection(*(f.needs[0] for f in forms))
-    edges = frozenset.intersection(*(f.needs[1] for f in forms))
+def _common(heads: list[Head]) -> Requirements:
+    ops = frozenset.intersection(*(h.needs[0] for h in heads))
+    edges = frozenset.intersection(*(h.needs[1] for h in heads))
     return ops, edges
 
 
-def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm]:
+def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> tuple[list[SearchForm], list[Head]]:
     out: list[SearchForm] = []
+    heads: list[Head] = []
     seen: set[str] = set()
+    relaxed: set[str] = set()  # near misses are explained once per relaxed pattern, by the rule's own forms
+    made: dict[tuple, Call] = {}
     # A rule traced through Inductor is traced with pad_mm off: the pass matches the unpadded graph (unpad.py)
     pad = False if p.trace == "inductor" and device == "cuda" else None
     for fn in (None, *p.variants, *p.graph_forms):
@@ -133,8 +193,12 @@ def _trace_forms(p: Pattern, dtype: torch.dtype, device: str) -> list[SearchForm
                 key = pm.PatternPrettyPrinter.run(expr)
                 if key not in seen:
                     seen.add(key)
-                    out.append(SearchForm(expr, inverse, is_cast, requirements(expr)))
-    return out
+                    loose = None if is_cast else pm.PatternPrettyPrinter.run(_relaxed(expr))
+                    explains = loose is not None and loose not in relaxed
+                    relaxed.add(loose)
+                    out.append(SearchForm(expr, inverse, is_cast))
+                    heads.append(Head(requirements(expr), calls(expr, made), explains))
+    return out, heads
 
 
 # ---- the disk cache -------------------------------------------------------------------------------
@@ -181,25 +245,49 @@ def _cache_path(p: Pattern, dtype: torch.dtype, device: str) -> pathlib.Path:
     return cache_dir() / f"{p.id}-{str(dtype)[6:]}-{device}.pkl"
 
 
-def _load(path: pathlib.Path, header_only: bool = False) -> tuple | None:
-    """(common requirements, forms) from the cache file; with header_only, (common requirements,)."""
+def _unpickle(data: bytes) -> Any:
+    # without the cyclic GC: the objects unpickled all live on, and the full collections their allocation set off
+    # each walk the whole compile's heap (CPU Falcon decode step: 0.47 of 0.49 s unpickling its rules)
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        with open(path, "rb") as f, warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch 2.13+: the pytree specs of list arguments
-            common = pickle.load(f)
-            return (common,) if header_only else (common, pickle.load(f))
+            return pickle.loads(data)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(path: pathlib.Path) -> _Rule | None:
+    """The rule in the cache file: what all its forms need and the lengths of the pickles after it (the heads', then
+    each form's), unpickled; those pickles read and kept."""
+    try:
+        data = path.read_bytes()
+        f = io.BytesIO(data)
+        common, sizes = pickle.load(f)
+        ends = list(itertools.accumulate(sizes, initial=f.tell()))
+        if ends[-1] != len(data):
+            return None  # from another build of the format
+        heads, *forms = (data[a:b] for a, b in zip(ends, ends[1:]))
+        return _Rule(common, heads, forms)
     except Exception:  # noqa: BLE001 - missing, truncated or from another build: trace again
         return None
 
 
-def _store(path: pathlib.Path, loaded: tuple) -> None:
+def _pickled(obj: Any) -> bytes:
     buf = io.BytesIO()
-    for obj in loaded:  # two pickles: the header can be read alone
-        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def _store(path: pathlib.Path, rule: _Rule) -> None:
+    # apart: a compile reads what all forms need, then the heads of a rule that has it, then the forms that fit
+    parts = [_pickled(rule.heads), *(_pickled(f) for f in rule.forms)]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(buf.getvalue())
+        tmp.write_bytes(b"".join([_pickled((rule.common, [len(b) for b in parts])), *parts]))
         tmp.replace(path)  # atomic: a concurrent reader sees the old file or the whole new one
     except OSError:
         pass  # a read-only cache only costs the next process a trace

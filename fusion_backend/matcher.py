@@ -2,10 +2,12 @@
 one pass per family.
 
 Entries are made once per (rule, dtype, device) and kept. A compile builds one ``PatternMatcherPass`` per
-family, in table order (a family's chains may hold another's: patterns/__init__.py orders them), and offers it only the entries that can match this graph: every op of the entry occurs in it,
-and every parent -> child edge at its argument position. Inside a family a node is offered the entries
-anchored at its op in table order, longest first, so a chain wins over a rule for its own suffix; the pass
-walks the graph from its outputs, so a chain also wins over a rule for its prefix (anchored earlier).
+family, in table order (a family's chains may hold another's: patterns/__init__.py orders them), each when the one
+before has run, and offers it only the entries that can match the graph as the families before left it: the entry's
+whole tree of calls occurs in it (forms.Call: each call at a node of one of its ops, with its argument count and its
+argument calls at their positions), not only each op and each parent -> child edge somewhere. Inside a family a
+node is offered the entries anchored at its op in table order, longest first, so a chain wins over a rule for its own
+suffix; the pass walks the graph from its outputs, so a chain also wins over a rule for its prefix (anchored earlier).
 """
 from __future__ import annotations
 
@@ -35,27 +37,40 @@ class Entry:
     pattern_id: str
     order: int                                # its rule's place in the table
     size: int                                 # nodes in the pattern: longer first at one anchor
-    ops: frozenset[Ops]                       # each must meet the graph's targets
-    edges: frozenset[tuple[Ops, int, Ops]]    # (parent, argument index, child), each must occur
 
 
 class GraphIndex:
-    """The targets and the (parent, argument index, child) target edges of a graph's call_function nodes."""
+    """A graph's call_function nodes by target, and their (parent, argument index, child) target edges."""
 
     def __init__(self, graph: torch.fx.Graph) -> None:
-        self.targets: set[Any] = set()
+        self.nodes: dict[Any, list[torch.fx.Node]] = collections.defaultdict(list)
         self.edges: set[tuple[Any, int, Any]] = set()
         for n in graph.nodes:
             if n.op != "call_function":
                 continue
-            self.targets.add(n.target)
+            self.nodes[n.target].append(n)
             for i, a in enumerate(n.args):
                 if isinstance(a, torch.fx.Node) and a.op == "call_function":
                     self.edges.add((n.target, i, a.target))
+        self._holds: dict[tuple[int, torch.fx.Node], bool] = {}  # (id of a Call, node): the call's tree is there
 
     def fits(self, ops: Iterable[Ops], edges: Iterable[tuple[Ops, int, Ops]]) -> bool:
-        return all(not f.isdisjoint(self.targets) for f in ops) and all(
+        return all(not f.isdisjoint(self.nodes) for f in ops) and all(
             any((p, i, c) in self.edges for p in parents for c in children) for parents, i, children in edges)
+
+    def occurs(self, calls: Iterable[forms.Call]) -> bool:
+        """Each call tree (a search form's, at each of its outputs) is somewhere in the graph."""
+        return all(any(self._at(c, n) for fn in c.fns for n in self.nodes.get(fn, ())) for c in calls)
+
+    def _at(self, call: forms.Call, node: torch.fx.Node) -> bool:
+        """`call`'s tree holds at `node`, whose target is one of the call's."""
+        key = (id(call), node)
+        if key not in self._holds:
+            args = node.args
+            self._holds[key] = len(args) == call.nargs and all(
+                isinstance(a := args[i], torch.fx.Node) and a.op == "call_function" and a.target in c.fns
+                and self._at(c, a) for i, c in call.args)
+        return self._holds[key]
 
 
 def rule_dtype(p: Pattern, dtype: torch.dtype) -> torch.dtype:
@@ -79,7 +94,7 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, veri
     """The entries of one search form, made once per process, on first use. They hold no guards: a pass
     binds them to its run (guards.bind)."""
     p = table.by_id(pattern_id)
-    form = forms.search_forms(p, dtype, device)[i]
+    form = forms.search_form(p, dtype, device, i)
     # a plain dict, not a PatternMatcherPass: register_replacement would pretty-print the pattern to find duplicates in
     # it (most of the entries' making time), and a store that holds one form has none
     store: collections.defaultdict = collections.defaultdict(list)
@@ -91,7 +106,7 @@ def _form_entries(pattern_id: str, dtype: torch.dtype, device: str, i: int, veri
     order = table.position(pattern_id)
     unique = {id(e): e for es in store.values() for e in es}  # (one entry under several keys)
     size = {i: tracing._size(e.pattern) for i, e in unique.items()}
-    out = tuple(Entry(key, e, pattern_id, order, size[id(e)], *form.needs) for key, es in store.items() for e in es)
+    out = tuple(Entry(key, e, pattern_id, order, size[id(e)]) for key, es in store.items() for e in es)
     for e in unique.values():
         e.pattern = Prechecked.of(e.pattern)
     return out
@@ -140,28 +155,23 @@ _DIFFERENT_INPUTS = pm.FailedMatch("the anchor's inputs come from other ops")
 def entries(pattern_id: str, dtype: torch.dtype, device: str, index: GraphIndex | None = None,
             verify: bool = False) -> list[Entry]:
     """The entries of one rule in one dtype on one device; with `index`, only those of the search forms
-    that fit that graph (no other form is loaded or made into entries)."""
+    that can match that graph (no other form is unpickled or made into entries)."""
     p = table.by_id(pattern_id)
     if index is not None and not index.fits(*forms.common_requirements(p, dtype, device)):
         return []
-    return [e for i, f in enumerate(forms.search_forms(p, dtype, device))
-            if index is None or index.fits(*f.needs) for e in _form_entries(pattern_id, dtype, device, i, verify)]
+    return [e for i, h in enumerate(forms.heads(p, dtype, device)) if index is None or _fits(index, h)
+            for e in _form_entries(pattern_id, dtype, device, i, verify)]
+
+
+def _fits(index: GraphIndex, head: forms.Head) -> bool:
+    return index.fits(*head.needs) and index.occurs(head.calls)  # (the ops and edges first: they cost less)
 
 
 @functools.cache
-def relaxed(pattern_id: str, dtype: torch.dtype, device: str) -> tuple[tuple[Any, frozenset, frozenset], ...]:
-    """The rule's own search forms with the one-user constraint dropped, with their requirements: they
-    find the sites where an intermediate value is reused (for the report only)."""
-    out, seen = [], set()
-    for form in forms.search_forms(table.by_id(pattern_id), dtype, device):
-        if form.cast:
-            continue  # near misses are explained for the rule's own form only
-        r = tracing._relaxed(form.expr)
-        key = pm.PatternPrettyPrinter.run(r)
-        if key not in seen:
-            seen.add(key)
-            out.append((r, *form.needs))  # (the one-user constraint is not a requirement)
-    return tuple(out)
+def relaxed(pattern_id: str, dtype: torch.dtype, device: str, i: int) -> Any:
+    """The rule's i-th search form with the one-user constraint dropped: it finds the sites where an intermediate
+    value is reused (for the report only)."""
+    return tracing._relaxed(forms.search_form(table.by_id(pattern_id), dtype, device, i).expr)
 
 
 def graph_dtypes(graph: torch.fx.Graph) -> list[tuple[torch.dtype, str]]:
@@ -183,26 +193,27 @@ class FamilyPass:
     attempts: int            # match attempts it will make: entries offered, summed over the graph's nodes
 
 
-def family_passes(graph: torch.fx.Graph, pattern_ids: Sequence[str], dtypes: Sequence[tuple[torch.dtype, str]],
-                  run: PassRun, firing_only: bool = False) -> list[FamilyPass]:
-    """One pass per family of `pattern_ids` (table order), each holding only the entries that fit `graph`,
-    bound to `run` (its options, and where it records what it did)."""
-    index = GraphIndex(graph)
-    out: dict[str, FamilyPass] = {}
-    chosen: dict[str, list[Entry]] = {}
+def families(pattern_ids: Sequence[str]) -> dict[str, list[str]]:
+    """{family: its rules among `pattern_ids`}, both in table order."""
+    out: dict[str, list[str]] = {}
     for pid in pattern_ids:
-        family = pid.split(".", 1)[0]
-        fp = out.setdefault(family, FamilyPass(family, [], pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0))
-        fp.pattern_ids.append(pid)
-        for dtype, device in rule_pairs(table.by_id(pid), dtypes, firing_only):
-            chosen.setdefault(family, []).extend(entries(pid, dtype, device, index, run.options.verify))
-    for family, es in chosen.items():
-        patterns = out[family].pass_.patterns
-        for e in sorted(es, key=lambda e: (e.order, -e.size)):  # stable: registration order breaks ties
-            patterns[e.key].append(G.bind(table.by_id(e.pattern_id), e.entry, run))
-    for fp in out.values():
-        fp.attempts = sum(len(fp.pass_.patterns.get((n.op, n.target), ())) for n in graph.nodes)
-    return list(out.values())
+        out.setdefault(table.family(pid), []).append(pid)
+    return out
+
+
+def family_pass(graph: torch.fx.Graph, family: str, pattern_ids: Sequence[str],
+                dtypes: Sequence[tuple[torch.dtype, str]], run: PassRun, firing_only: bool = False) -> FamilyPass:
+    """The pass of `family`'s rules `pattern_ids`, holding only the entries that can match `graph` as it is now (made
+    after the families before have run: their rewrites take nodes its rules would otherwise be offered at), bound to
+    `run` (its options, and where it records what it did)."""
+    index = GraphIndex(graph)
+    fp = FamilyPass(family, list(pattern_ids), pm.PatternMatcherPass(pass_name=f"fusekit:{family}"), 0)
+    chosen = [e for pid in pattern_ids for dtype, device in rule_pairs(table.by_id(pid), dtypes, firing_only)
+              for e in entries(pid, dtype, device, index, run.options.verify)]
+    for e in sorted(chosen, key=lambda e: (e.order, -e.size)):  # stable: registration order breaks ties
+        fp.pass_.patterns[e.key].append(G.bind(table.by_id(e.pattern_id), e.entry, run))
+    fp.attempts = sum(len(fp.pass_.patterns.get(("call_function", t), ())) * len(ns) for t, ns in index.nodes.items())
+    return fp
 
 
 def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dtype, str]],
@@ -213,9 +224,10 @@ def near_misses(graph: torch.fx.Graph, pid: str, dtypes: Sequence[tuple[torch.dt
     for dtype, device in rule_pairs(p, dtypes):
         if not index.fits(*forms.common_requirements(p, dtype, device)):
             continue
-        for expr, ops, edges in relaxed(pid, dtype, device):
-            if not index.fits(ops, edges):
+        for i, head in enumerate(forms.heads(p, dtype, device)):
+            if not head.explains or not _fits(index, head):
                 continue
+            expr = relaxed(pid, dtype, device, i)
             for node in [n for fn in dict.fromkeys(expr.fns) for n in graph.find_nodes(op="call_function", target=fn)]:
                 m = expr.match(node)
                 if not pm.is_match(m):

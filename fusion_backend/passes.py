@@ -96,14 +96,14 @@ class FusekitPass(CustomGraphPass):
             run = PassRun(self.options, record)
             try:
                 enabled = [p for p in self.options.patterns if p not in skip]
-                record.match_attempts = 0
+                record.match_attempts, record.entries_s = 0, 0.0
                 lowered.expand(graph)  # Inductor's woq_int8 lowering calls, as the ATen ops they stand for
                 sdpa_scale.spell_out(graph)  # the fused forms bind scale: a call without one gets its default
                 padded = unpad.strip(graph)  # rules match the unpadded chain; padding goes back where none did
-                t_entries = time.perf_counter()
-                family_passes = matcher.family_passes(graph, enabled, dtypes, run, firing_only=not report)
-                record.entries_s = time.perf_counter() - t_entries
-                for fp in family_passes:
+                for family, pattern_ids in matcher.families(enabled).items():
+                    t_entries = time.perf_counter()
+                    fp = matcher.family_pass(graph, family, pattern_ids, dtypes, run, firing_only=not report)
+                    record.entries_s += time.perf_counter() - t_entries
                     # found before this family's rules take the nodes, recorded after them (a guard's own
                     # near miss at a site comes first)
                     misses = _reused_intermediates(graph, run, fp.pattern_ids, dtypes) if report else []
