@@ -82,9 +82,12 @@ def rule_dtype(p: Pattern, dtype: torch.dtype) -> torch.dtype:
 def rule_pairs(p: Pattern, dtypes: Sequence[tuple[torch.dtype, str]],
                firing_only: bool = False) -> list[tuple[torch.dtype, str]]:
     """The (rule dtype, device) pairs whose entries `p` offers a graph holding `dtypes`, each once. `firing_only`:
-    without the pairs that could only explain a near miss (a CUDA dtype the op's kernel does not take: Falcon's
-    float32 rotary and softmax gave the decode rules 39% of its match attempts)."""
-    pairs = dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes)
+    without the pairs that could only explain a near miss: a graph dtype the rule lacks (its first dtype's forms
+    stand in; a float32 CUDA graph was offered, and traced, every bf16-only rule's float16 forms) or a CUDA dtype the
+    op's kernel does not take (Falcon's float32 rotary and softmax gave the decode rules 39% of its match attempts)."""
+    pairs = dict.fromkeys((rule_dtype(p, dt), dev) for dt, dev in dtypes
+                          # an int8 rule (dequantize) is offered for the floating graph dtypes it is found by
+                          if not firing_only or dt in p.dtypes or not p.dtypes[0].is_floating_point)
     return [(dt, dev) for dt, dev in pairs
             if not firing_only or dev != "cuda" or ops.cuda_kernel_takes(p.op, dt)]
 

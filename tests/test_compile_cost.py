@@ -106,6 +106,25 @@ def test_cuda_pairs_that_cannot_fire_are_not_offered_unless_reporting():
         assert [x for x in every if x != (torch.float32, "cuda")] == firing, p.id
 
 
+def test_a_dtype_a_rule_lacks_gets_stand_in_forms_only_when_reporting():
+    """A graph dtype that a rule does not take is offered the rule's first dtype's forms, which can only explain a
+    dtype near miss: a compile that reports nothing is not offered them (nor made to trace them: a bf16 CUDA graph
+    holding float32 traced every bf16/fp16 rule's float16 forms). int8 rules, found by the floating dtypes of the
+    graph around them, keep theirs."""
+    from fusion_backend import matcher, table
+
+    graph_dtypes = [(torch.bfloat16, "cpu"), (torch.float32, "cpu")]
+    half_only = [p for p in table.all_patterns() if set(p.dtypes) == {torch.float16, torch.bfloat16}]
+    assert half_only
+    for p in half_only:
+        assert (p.dtypes[0], "cpu") in matcher.rule_pairs(p, graph_dtypes), p.id  # stands in for float32
+        assert matcher.rule_pairs(p, graph_dtypes, firing_only=True) == [(torch.bfloat16, "cpu")], p.id
+    int8 = [p for p in table.all_patterns() if p.dtypes == (torch.int8,)]
+    assert int8
+    for p in int8:
+        assert matcher.rule_pairs(p, graph_dtypes, firing_only=True) == [(torch.int8, "cpu")], p.id
+
+
 def test_prechecked_pattern_fails_early_and_matches_the_same():
     """The check before Inductor's matcher (the ops the anchor's inputs come from) rejects only what the pattern
     itself rejects."""
