@@ -97,7 +97,19 @@ def test_hand_written_fp8_and_symmetric_weights_fire():
     assert_same(rep.output[1:], want[1:])
 
 
-def test_torchao_int8_dynamic_linears_fire_with_x_quantization():
+@pytest.fixture
+def torchao_int_mm(monkeypatch):
+    """torchao's int8 matmul as every CUDA graph and most CPUs spell it (`aten._int_mm` on int8 x). On a CPU with
+    AVX512-VNNI and no AMX, torchao 0.18 writes x + 128 as uint8 and subtracts the weight's column sums times 128
+    (`torchao.kernel.intmm._int_scaled_matmul_cpu`): a CPU-only form no rule takes, which made these tests depend on
+    the machine's CPU."""
+    pytest.importorskip("torchao")
+    import torchao.kernel.intmm as intmm
+
+    monkeypatch.setattr(intmm, "_cpu_is_vnni_supported", lambda: False)
+
+
+def test_torchao_int8_dynamic_linears_fire_with_x_quantization(torchao_int_mm):
     """torchao 0.18's Int8DynamicActivationInt8WeightConfig quantizes activations per token with another formula
     (scale = max(-min(x), max(x)) / 127.5, clamped to float32's eps, x * (1 / scale)): no quantize rule takes it.
     Each 16-bit linear, that quantization included, fires decode_gemm.linear_int8dyn (float32: nothing fires, the
@@ -134,7 +146,7 @@ def test_torchao_int8_dynamic_linears_fire_with_x_quantization():
         assert torch.equal(got, m[0](x))
 
 
-def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer():
+def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer(torchao_int_mm):
     """A tiny Llama under torchao's Int8DynamicActivationInt8WeightConfig: per layer q/k/v fire decode_qkv_int8dyn
     once and gate/up with SwiGLU decode_gate_up_int8dyn once, o and down (and the LM head) the one-weight rule; no
     int8 GEMM is left to Inductor; logits within 2x of Inductor's error against eager. Skipped without torchao."""
