@@ -90,6 +90,10 @@ OPS = {
     # an int8 weight-only linear (w8a16) of a few rows: x [..., K] @ w.to(x.dtype)[N, K]^T * scales [N], rounded once
     # (aten._weight_int8pack_mm's contract; torchao's Int8WeightOnlyConfig)
     "decode_linear_w8": OpSpec("decode_linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor", cuda_dtypes=HALF),
+    # a float8 (e4m3) weight-only linear of a few rows: x [..., K] @ (w.float() * w_scale).to(x.dtype)[N, K]^T, w_scale
+    # N float32 ([N] or [N, 1]) (torchao's Float8WeightOnlyConfig)
+    "decode_linear_fp8_weight": OpSpec("decode_linear_fp8_weight(Tensor x, Tensor w, Tensor w_scale) -> Tensor",
+                                       cuda_dtypes=HALF),
     # int8 x (its float32 row scales xs) against an int8 weight (float32 scales ws): ((xq @ w.T) * xs).to(dtype) * ws,
     # rounded to dtype (float16 or bfloat16), or stored as out_dtype float32 unrounded
     "decode_linear_w8a8": OpSpec("decode_linear_w8a8(Tensor xq, Tensor xs, Tensor w, Tensor ws, ScalarType dtype, "
@@ -355,6 +359,12 @@ def _(x, w, scales):
                          f"{tuple(w.shape)}")
     torch._check(tuple(scales.shape) == (w.shape[0],) and scales.dtype == x.dtype,
                  lambda: f"decode_linear_w8: scales must be [N] of x's dtype; got {scales.dtype} {tuple(scales.shape)}")
+    return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
+
+
+@torch.library.register_fake("fusekit::decode_linear_fp8_weight")
+def _(x, w, w_scale):
+    _weight8_fake("decode_linear_fp8_weight", x, w, w_scale, torch.float8_e4m3fn)
     return x.new_empty((*x.shape[:-1], w.shape[0]))  # contiguous
 
 

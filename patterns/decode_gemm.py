@@ -61,12 +61,12 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32, "linear_w8a8": 32,
-            "linear_int8dyn": 32}
+            "linear_int8dyn": 32, "linear_fp8_weight": 64}
 # fp8: the TMA kernel beats Inductor's quantization + aten._scaled_mm at 64 rows too (H200, op alone, Llama-style:
 # q 1.26x, gate 1.05x, down 1.57x); the mma.sync kernels at 64 were 0.55-1.13x.
 # int8 x int8 (linear_w8a8, an mma.sync kernel on every build): 32 (H200, at 64 rows gate and down 0.53x / 0.93x)
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64,
-                "linear_w8a8": 32, "linear_int8dyn": 32}
+                "linear_w8a8": 32, "linear_int8dyn": 32, "linear_fp8_weight": 64}
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weight)
 
@@ -104,6 +104,12 @@ def decode_rms_linear_ref(h: Tensor, norm_w: Tensor, w: Tensor, w2: Tensor | Non
 def decode_linear_w8_ref(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     """An int8 weight-only linear as torchao's Int8WeightOnlyConfig computes it (w int8 [N, K], scales [N])."""
     return F.linear(x, w.to(x.dtype)) * scales
+
+
+def decode_linear_fp8_weight_ref(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """A float8 weight-only linear as torchao's Float8WeightOnlyConfig computes it (w float8_e4m3fn [N, K], w_scale
+    float32 [N, 1]): the transposed weight dequantized to x's dtype, then a 16-bit matmul."""
+    return x @ (w.t().float() * w_scale.t()).to(x.dtype)
 
 
 def _weight_int8pack_mm(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
@@ -711,6 +717,28 @@ def _w8_rule(rank: int) -> Pattern:
     )
 
 
+def _fp8_weight_inputs(case, dt, dev):
+    *rows, k, n = case
+    w = (torch.randn(n, k, device=dev) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return rand((*rows, k), dt, dev), w, torch.rand(n, 1, device=dev) * 0.02 / k ** 0.5 + 1e-4
+
+
+def _fp8_weight_rule(rank: int) -> Pattern:
+    """torchao's float8 weight-only linear of a decode step: each e4m3 weight scaled and rounded inside the GEMM
+    (Inductor writes the dequantized 16-bit weight, then reads it in a cuBLAS GEMM)."""
+    trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
+    return Pattern(
+        f"decode_gemm.linear_fp8_weight{'' if rank == 3 else '_2d'}", reference=decode_linear_fp8_weight_ref,
+        op="decode_linear_fp8_weight", dtypes=DTYPES, inputs=_fp8_weight_inputs, trace="inductor",
+        trace_case=trace_case,
+        guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8_weight")),
+        fixtures=Fixtures(
+            cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
+            bad_layout=lambda dt, dev: _fp8_weight_inputs((*trace_case[:-2], 24, 8), dt, dev),
+            bad_reason="multiple of 16"),
+    )
+
+
 def int8_operands(xq: str, xs: str, w: str, ws: str) -> G.Guard:
     """Can fire: static sizes; xq an int8 [..., K] of contiguous rows, K a positive multiple of 16 (a lane reads 16
     of each row at once); xs its float32 row scales (one per row, contiguous); w a contiguous int8 [N, K]; ws its
@@ -942,6 +970,8 @@ PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch (opt-in)
             # the residual add after the o or down projection in its epilogue (opt-in; the RMSNorm rules above then
             # read the sum it writes: the add + RMSNorm kernel between the layers' linears is gone)
             _rule("linear_residual", False, 3, residual=True),
+            # float8 weight-only (torchao's Float8WeightOnlyConfig): the weight's dequantization feeds the mm
+            _fp8_weight_rule(3), _fp8_weight_rule(2),
             _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
             _w8_rule(3), _w8_rule(2),

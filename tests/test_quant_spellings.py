@@ -199,3 +199,34 @@ def test_int8_dynamic_gate_whose_downcast_was_folded_fires_the_fp32_form():
     assert rep.sites["decode_gemm.linear_w8a8_bfloat16"] == 2, str(rep)
     # the op's fp32 values are eager's; Inductor's own SiLU kernel (and its skipped bf16 rounding) an ulp apart
     torch.testing.assert_close(rep.output, swiglu(*args), atol=0, rtol=2 ** -7)
+
+
+def test_torchao_float8_weight_only_llama_fires_every_linear():
+    """A tiny Llama under torchao's Float8WeightOnlyConfig (e4m3 weights, per-row float32 scales, dequantized to bf16
+    before each matmul): every linear, the LM head included, fires decode_gemm.linear_fp8_weight, no 16-bit copy of a
+    weight is left in the graph; logits within 2x of Inductor's error against eager. Skipped without torchao."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    layers = 2
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    quantize_(m, Float8WeightOnlyConfig())
+    ids = torch.randint(0, 256, (2, 3))
+
+    def logits(i):
+        return m(i, use_cache=False).logits
+
+    with torch.no_grad():
+        rep = explain(logits, ids)
+        want = logits(ids)
+        torch._dynamo.reset()
+        ind = torch.compile(logits, backend="inductor")(ids)
+    fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
+    assert fired == {"decode_gemm.linear_fp8_weight": 7 * layers + 1}, str(rep)
+    assert not any("aten.mm" in g.graph_code for g in rep.graphs), str(rep)
+    err, err_ind = ((o.float() - want.float()).abs().max().item() for o in (rep.output, ind))
+    assert err <= 2 * err_ind + 1e-6, (err, err_ind)

@@ -308,11 +308,13 @@ def parser() -> argparse.ArgumentParser:
                    "auto = prompt + new, transformers' own (default auto,4096)")
     b.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires "
                    "(options={'enable': [...]}), e.g. decode.mha")
-    b.add_argument("--quant", default=None, choices=("int8-weight-only", "int8-dynamic", "fp8-rowwise"),
+    b.add_argument("--quant", default=None,
+                   choices=("int8-weight-only", "int8-dynamic", "fp8-rowwise", "fp8-weight-only"),
                    help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
                         "int8-weight-only: Int8WeightOnlyConfig; int8-dynamic: Int8DynamicActivationInt8WeightConfig "
                         "(its linears fused with x's quantization up to 32 rows); fp8-rowwise: "
-                        "Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), sm_89+")
+                        "Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), sm_89+; fp8-weight-only: "
+                        "Float8WeightOnlyConfig (e4m3 weights dequantized inside the decode GEMM)")
     b.add_argument("--tp", default=None, help="comma-separated tensor-parallel sizes (transformers' "
                    "tp_plan='auto', one process a GPU; 1 = unsharded), e.g. 1,2: Inductor vs fusekit per size and "
                    "batch, decode steps (GPU default batches 1,32, position 1024) and a prefill (--batch x --seq, "

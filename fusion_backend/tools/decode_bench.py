@@ -66,7 +66,7 @@ def cache_restorer(cache: Any) -> Callable[[], None]:
 
 # torchao configurations `--quant` names (torchao is optional: fusekit[quant])
 QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "int8-dynamic": "Int8DynamicActivationInt8WeightConfig",
-         "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig"}
+         "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig", "fp8-weight-only": "Float8WeightOnlyConfig"}
 
 
 def quantize(model: Any, quant: str) -> None:
