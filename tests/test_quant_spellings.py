@@ -146,20 +146,20 @@ def test_torchao_int8_dynamic_linears_fire_with_x_quantization(torchao_int_mm):
         assert torch.equal(got, m[0](x))
 
 
-def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer(torchao_int_mm):
-    """A tiny Llama under torchao's Int8DynamicActivationInt8WeightConfig: per layer q/k/v fire decode_qkv_int8dyn
-    once and gate/up with SwiGLU decode_gate_up_int8dyn once, o and down (and the LM head) the one-weight rule; no
-    int8 GEMM is left to Inductor; logits within 2x of Inductor's error against eager. Skipped without torchao."""
-    pytest.importorskip("torchao")
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+LAYERS = 2  # of the tiny torchao Llama
+
+
+def _tiny_torchao_llama(config):
+    """A tiny bf16 Llama quantized by torchao's `config`, explained and compiled by Inductor on token ids: (report,
+    logits of fusekit, eager, Inductor)."""
+    from torchao.quantization import quantize_
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    layers = 2
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
     m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    quantize_(m, Int8DynamicActivationInt8WeightConfig())
+    quantize_(m, config)
     ids = torch.randint(0, 256, (2, 3))
 
     def logits(i):
@@ -170,12 +170,27 @@ def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer(torchao_int_mm)
         want = logits(ids)
         torch._dynamo.reset()
         ind = torch.compile(logits, backend="inductor")(ids)
-    fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
-    assert fired == {"decode_gemm.qkv_int8dyn": layers, "decode_gemm.gate_up_silu_int8dyn": layers,
-                     "decode_gemm.linear_int8dyn": 2 * layers + 1}, str(rep)
-    assert not any("aten._int_mm" in g.graph_code for g in rep.graphs), str(rep)  # every int8 GEMM fired
+    return rep, want, ind
+
+
+def _within_twice_inductors_error(rep, want, ind):
     err, err_ind = ((o.float() - want.float()).abs().max().item() for o in (rep.output, ind))
     assert err <= 2 * err_ind + 1e-6, (err, err_ind)
+
+
+def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer(torchao_int_mm):
+    """A tiny Llama under torchao's Int8DynamicActivationInt8WeightConfig: per layer q/k/v fire decode_qkv_int8dyn
+    once and gate/up with SwiGLU decode_gate_up_int8dyn once, o and down (and the LM head) the one-weight rule; no
+    int8 GEMM is left to Inductor; logits within 2x of Inductor's error against eager. Skipped without torchao."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    rep, want, ind = _tiny_torchao_llama(Int8DynamicActivationInt8WeightConfig())
+    fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
+    assert fired == {"decode_gemm.qkv_int8dyn": LAYERS, "decode_gemm.gate_up_silu_int8dyn": LAYERS,
+                     "decode_gemm.linear_int8dyn": 2 * LAYERS + 1}, str(rep)
+    assert not any("aten._int_mm" in g.graph_code for g in rep.graphs), str(rep)  # every int8 GEMM fired
+    _within_twice_inductors_error(rep, want, ind)
 
 
 def test_int8_dynamic_gate_whose_downcast_was_folded_fires_the_fp32_form():
@@ -206,27 +221,10 @@ def test_torchao_float8_weight_only_llama_fires_every_linear():
     before each matmul): every linear, the LM head included, fires decode_gemm.linear_fp8_weight, no 16-bit copy of a
     weight is left in the graph; logits within 2x of Inductor's error against eager. Skipped without torchao."""
     pytest.importorskip("torchao")
-    from torchao.quantization import Float8WeightOnlyConfig, quantize_
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from torchao.quantization import Float8WeightOnlyConfig
 
-    torch.manual_seed(0)
-    layers = 2
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
-    m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    quantize_(m, Float8WeightOnlyConfig())
-    ids = torch.randint(0, 256, (2, 3))
-
-    def logits(i):
-        return m(i, use_cache=False).logits
-
-    with torch.no_grad():
-        rep = explain(logits, ids)
-        want = logits(ids)
-        torch._dynamo.reset()
-        ind = torch.compile(logits, backend="inductor")(ids)
+    rep, want, ind = _tiny_torchao_llama(Float8WeightOnlyConfig())
     fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
-    assert fired == {"decode_gemm.linear_fp8_weight": 7 * layers + 1}, str(rep)
+    assert fired == {"decode_gemm.linear_fp8_weight": 7 * LAYERS + 1}, str(rep)
     assert not any("aten.mm" in g.graph_code for g in rep.graphs), str(rep)
-    err, err_ind = ((o.float() - want.float()).abs().max().item() for o in (rep.output, ind))
-    assert err <= 2 * err_ind + 1e-6, (err, err_ind)
+    _within_twice_inductors_error(rep, want, ind)
