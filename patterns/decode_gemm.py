@@ -61,12 +61,15 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: CPU only (ops.O
 # at 1-64 rows on the H100. Elsewhere gate/up measured faster than cuBLAS + Inductor up to 8, q/k/v than cuBLAS's
 # three calls up to 64 (bench_decode_gemm.py), and the plain linear (then off by default) up to 32 where named.
 MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear_fp8": 32, "linear_w8a8": 32,
-            "linear_int8dyn": 32, "linear_fp8_weight": 64}
+            "linear_int8dyn": 32, "linear_fp8_weight": 32}
 # fp8: the TMA kernel beats Inductor's quantization + aten._scaled_mm at 64 rows too (H200, op alone, Llama-style:
 # q 1.26x, gate 1.05x, down 1.57x); the mma.sync kernels at 64 were 0.55-1.13x.
 # int8 x int8 (linear_w8a8, an mma.sync kernel on every build): 32 (H200, at 64 rows gate and down 0.53x / 0.93x)
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64,
-                "linear_w8a8": 32, "linear_int8dyn": 32, "linear_fp8_weight": 64}
+                "linear_w8a8": 32, "linear_int8dyn": 32, "linear_fp8_weight": 32}
+# fp8 weight-only (linear_fp8_weight, the int8 weight-only mma.sync kernel): 32, where the step was measured (H200,
+# Llama-style b32 5.31x Inductor's); at 64 rows that kernel ran at 0.35x cuBLAS on a 16-bit weight (int8, op alone),
+# about what Inductor's dequantization + cuBLAS costs
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weight)
 
