@@ -975,9 +975,11 @@ PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch (opt-in)
             _rule("linear_residual", False, 3, residual=True),
             # float8 weight-only (torchao's Float8WeightOnlyConfig): the weight's dequantization feeds the mm
             _fp8_weight_rule(3), _fp8_weight_rule(2),
-            _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 weight-only (torchao's Int8WeightOnlyConfig): Inductor's bf16 form is aten._weight_int8pack_mm
+            # where its woq_int8 lowering fires; where it does not, the mm of the widened weight, which the plain
+            # linear below would take without the scales
             _w8_rule(3), _w8_rule(2),
+            _rule("linear", False, 3), _rule("linear", False, 2),
             # int8 dynamic activation + int8 weight (torchao's Int8DynamicActivationInt8WeightConfig): x's
             # quantization, aten._int_mm and the scales' epilogue; gate/up and q/k/v of one x before the one-weight
             # linear; then the one-weight linear after x's quantization (Inductor's), where those do not fire

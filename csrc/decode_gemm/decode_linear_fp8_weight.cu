@@ -13,8 +13,6 @@
 // products summed in float32 (tensor cores), rounded once. Runs on the current stream, no workspace; on sm_90+
 // launched with programmatic dependent launch. The kernel: decode_linear_w8.cuh.
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "decode_gemm/decode_linear_w8.cuh"
@@ -23,29 +21,13 @@ namespace fusekit {
 namespace {
 
 at::Tensor decode_linear_fp8_weight_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
-  constexpr const char* op = "decode_linear_fp8_weight";
-  decode_gemm::check_x(x, op);
-  TORCH_CHECK(x.size(-1) % 16 == 0, "fusekit: decode_linear_fp8_weight: K = x.shape[-1] must be a multiple of 16; "
-              "got x ", describe(x));
-  TORCH_CHECK(w.scalar_type() == at::kFloat8_e4m3fn && w.dim() == 2 && w.size(1) == x.size(-1) &&
-                  w.device() == x.device(),
-              "fusekit: decode_linear_fp8_weight: w must be a float8_e4m3fn [N, K] on x's device with K = "
-              "x.shape[-1]; got x ", describe(x), ", w ", describe(w));
-  TORCH_CHECK(w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) < (int64_t{1} << 30),
-              "fusekit: decode_linear_fp8_weight: w must be contiguous and 16-byte aligned; got ", describe(w));
-  TORCH_CHECK(w_scale.numel() == w.size(0) && w_scale.dim() >= 1 && w_scale.dim() <= 2 &&
-                  w_scale.size(0) == w.size(0) && w_scale.is_contiguous() &&
-                  w_scale.scalar_type() == at::kFloat && w_scale.device() == x.device(),
-              "fusekit: decode_linear_fp8_weight: w_scale must be N contiguous float32 ([N] or [N, 1]) on x's "
-              "device; got w ", describe(w), ", w_scale ", describe(w_scale));
-  const int64_t m = decode_gemm::rows(x, op);
-  c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = decode_gemm::out_like(x, w.size(0));
-  if (out.numel() == 0) return out;
-  const decode_w8::W8Params p{x.data_ptr(), w.data_ptr(), w_scale.data_ptr(), out.data_ptr(), static_cast<int>(m),
-                              static_cast<int>(w.size(0)), static_cast<int>(x.size(-1))};
-  decode_w8::launch_rows<true>(p, x.scalar_type(), c10::cuda::getCurrentCUDAStream());
-  return out;
+  return decode_w8::run<true>(x, w, w_scale, "decode_linear_fp8_weight", [&] {
+    TORCH_CHECK(w_scale.numel() == w.size(0) && w_scale.dim() >= 1 && w_scale.dim() <= 2 &&
+                    w_scale.size(0) == w.size(0) && w_scale.is_contiguous() &&
+                    w_scale.scalar_type() == at::kFloat && w_scale.device() == x.device(),
+                "fusekit: decode_linear_fp8_weight: w_scale must be N contiguous float32 ([N] or [N, 1]) on x's "
+                "device; got w ", describe(w), ", w_scale ", describe(w_scale));
+  });
 }
 
 }  // namespace

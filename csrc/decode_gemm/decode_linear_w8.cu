@@ -16,8 +16,6 @@
 //
 // The kernel: decode_linear_w8.cuh.
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "decode_gemm/decode_linear_w8.cuh"
@@ -26,27 +24,12 @@ namespace fusekit {
 namespace {
 
 at::Tensor decode_linear_w8_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
-  constexpr const char* op = "decode_linear_w8";
-  decode_gemm::check_x(x, op);
-  TORCH_CHECK(x.size(-1) % 16 == 0, "fusekit: decode_linear_w8: K = x.shape[-1] must be a multiple of 16; got x ",
-              describe(x));
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == x.size(-1) && w.device() == x.device(),
-              "fusekit: decode_linear_w8: w must be an int8 [N, K] on x's device with K = x.shape[-1]; got x ",
-              describe(x), ", w ", describe(w));
-  TORCH_CHECK(w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) < (int64_t{1} << 30),
-              "fusekit: decode_linear_w8: w must be contiguous and 16-byte aligned; got ", describe(w));
-  TORCH_CHECK(scales.dim() == 1 && scales.size(0) == w.size(0) && scales.is_contiguous() &&
-                  scales.scalar_type() == x.scalar_type() && scales.device() == x.device(),
-              "fusekit: decode_linear_w8: scales must be a contiguous [N] vector of x's dtype and device; got x ",
-              describe(x), ", w ", describe(w), ", scales ", describe(scales));
-  const int64_t m = decode_gemm::rows(x, op);
-  c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = decode_gemm::out_like(x, w.size(0));
-  if (out.numel() == 0) return out;
-  const decode_w8::W8Params p{x.data_ptr(), w.data_ptr(), scales.data_ptr(), out.data_ptr(), static_cast<int>(m),
-                              static_cast<int>(w.size(0)), static_cast<int>(x.size(-1))};
-  decode_w8::launch_rows<false>(p, x.scalar_type(), c10::cuda::getCurrentCUDAStream());
-  return out;
+  return decode_w8::run<false>(x, w, scales, "decode_linear_w8", [&] {
+    TORCH_CHECK(scales.dim() == 1 && scales.size(0) == w.size(0) && scales.is_contiguous() &&
+                    scales.scalar_type() == x.scalar_type() && scales.device() == x.device(),
+                "fusekit: decode_linear_w8: scales must be a contiguous [N] vector of x's dtype and device; got x ",
+                describe(x), ", w ", describe(w), ", scales ", describe(scales));
+  });
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 // pairs take them (mma_chunk: x and w in the same k order).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_fp8.h>
 
 #include "decode_gemm/decode_linear.cuh"
@@ -209,6 +211,32 @@ void launch_rows(const W8Params& p, at::ScalarType dtype, cudaStream_t stream) {
     if (p.m <= 32) return launch<T, 2, 2, true, FP8>(p, stream);
     launch<T, 4, 1, true, FP8>(p, stream);
   });
+}
+
+// Both ops' host side: x as decode_gemm::check_x wants it with K a multiple of 16, w [N, K] of `wtype` (int8 or
+// float8_e4m3fn) contiguous and 16-byte aligned, then `check_scales` (the two ops' scale contracts differ), then the
+// launch on the current stream.
+template <bool FP8, typename CheckScales>
+at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const char* op,
+               CheckScales check_scales) {
+  const at::ScalarType wtype = FP8 ? at::kFloat8_e4m3fn : at::kChar;
+  decode_gemm::check_x(x, op);
+  TORCH_CHECK(x.size(-1) % 16 == 0, "fusekit: ", op, ": K = x.shape[-1] must be a multiple of 16; got x ",
+              describe(x));
+  TORCH_CHECK(w.scalar_type() == wtype && w.dim() == 2 && w.size(1) == x.size(-1) && w.device() == x.device(),
+              "fusekit: ", op, ": w must be ", FP8 ? "a float8_e4m3fn" : "an int8", " [N, K] on x's device with K = x.shape[-1]; got x ",
+              describe(x), ", w ", describe(w));
+  TORCH_CHECK(w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) < (int64_t{1} << 30),
+              "fusekit: ", op, ": w must be contiguous and 16-byte aligned; got ", describe(w));
+  check_scales();
+  const int64_t m = decode_gemm::rows(x, op);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = decode_gemm::out_like(x, w.size(0));
+  if (out.numel() == 0) return out;
+  const W8Params p{x.data_ptr(), w.data_ptr(), scales.data_ptr(), out.data_ptr(), static_cast<int>(m),
+                   static_cast<int>(w.size(0)), static_cast<int>(x.size(-1))};
+  launch_rows<FP8>(p, x.scalar_type(), c10::cuda::getCurrentCUDAStream());
+  return out;
 }
 
 }  // namespace decode_w8
