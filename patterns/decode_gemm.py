@@ -120,6 +120,12 @@ def _weight_int8pack_mm(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     return torch.ops.aten._weight_int8pack_mm(x, w, scales)
 
 
+def _weight_int8pack_mm_3d(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
+    """The same linear of an x with more than two dimensions as Inductor's woq_int8 lowering leaves it for bfloat16:
+    its rows through aten._weight_int8pack_mm, between two reshapes (x [B, S, K], as the 3-D rule's)."""
+    return torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[2]), w, scales).reshape(x.shape[0], x.shape[1], -1)
+
+
 def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     """The same linear at one row under Inductor's coordinate_descent_tuning (torchao's quantize_ turns it on): its mm
     decomposition writes x [1, K] @ w.T as (x[:, :, None] * w.T[None]).sum(1) in float32, the weight's int8 -> 16-bit
@@ -712,7 +718,7 @@ def _w8_rule(rank: int) -> Pattern:
     return Pattern(
         f"decode_gemm.linear_w8{'' if rank == 3 else '_2d'}", reference=decode_linear_w8_ref, op="decode_linear_w8",
         dtypes=DTYPES, inputs=_w8_inputs, trace="inductor", trace_case=trace_case,
-        graph_forms=(_weight_int8pack_mm, _w8_mm_as_mul_sum) if rank == 2 else (),
+        graph_forms=(_weight_int8pack_mm, _w8_mm_as_mul_sum) if rank == 2 else (_weight_int8pack_mm_3d,),
         guards=(G.same_dtype("x", "scales"), weight8_operands("x", "w", "scales"), few_rows("x", "linear_w8")),
         fixtures=Fixtures(
             cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
