@@ -4,6 +4,7 @@ traced pattern into the other graphs it must match (commuted operands, the copy 
 operand gets, a direct bmm, the fp32 form without its downcast). forms.py applies them and keeps the result."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import math
@@ -193,6 +194,26 @@ class _Captured(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _woq_lowering_off() -> Any:
+    """Inductor's woq_int8 lowering (a bf16 int8 weight-only linear into aten._weight_int8pack_mm) switched off, so
+    that a trace does not depend on whether this process registered it or whether it fires: a rule declares the
+    lowered form as a graph form (patterns/decode_gemm.py's int8 weight-only rules)."""
+    from torch._inductor.fx_passes import post_grad
+
+    post_grad.lazy_init()
+    woq = [e for d in post_grad.pass_patterns for es in d.patterns.values() for e in es
+           if getattr(getattr(e, "handler", None), "__name__", "") == "woq_int8"]
+    checks = [e.extra_check for e in woq]
+    for e in woq:
+        e.extra_check = lambda match: False
+    try:
+        yield
+    finally:
+        for e, c in zip(woq, checks):
+            e.extra_check = c
+
+
 def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor], pad: bool | None = None) -> torch.fx.GraphModule:
     """The graph Inductor hands to its post-grad custom pass for ``fn(*args)``, captured by stopping
     ``compile_fx`` there. SDPA is traced on its math backend: that is the decomposition Inductor emits
@@ -218,7 +239,7 @@ def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor], pad: bool | 
 
     gm = torch.fx.symbolic_trace(_positional(fn))
     padding = {} if pad is None else {"shape_padding": pad, "force_shape_pad": pad}
-    with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), \
+    with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), _woq_lowering_off(), \
             inductor_config.patch(post_grad_custom_post_pass=Capture(), post_grad_custom_pre_pass=None, **padding):
         try:
             compile_fx(gm, list(args))
