@@ -18,10 +18,13 @@ aten = torch.ops.aten
 _WOQ_MODULE = "torch._inductor.fx_passes.quantization"
 
 
+def is_woq_lowering(fn: object) -> bool:
+    """`fn` is the woq_int8 lowering function (a pattern entry's handler, then a graph node's target)."""
+    return getattr(fn, "__name__", "") == "woq_int8" and getattr(fn, "__module__", "") == _WOQ_MODULE
+
+
 def _is_woq(n: torch.fx.Node) -> bool:
-    t = n.target
-    return (n.op == "call_function" and getattr(t, "__name__", "") == "woq_int8"
-            and getattr(t, "__module__", "") == _WOQ_MODULE and set(n.kwargs) == {"x", "weight", "scales"})
+    return n.op == "call_function" and is_woq_lowering(n.target) and set(n.kwargs) == {"x", "weight", "scales"}
 
 
 def _static(*shapes: torch.Size) -> bool:

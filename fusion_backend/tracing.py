@@ -195,15 +195,17 @@ class _Captured(Exception):
 
 
 @contextlib.contextmanager
-def _woq_lowering_off() -> Any:
+def woq_lowering_off() -> Any:
     """Inductor's woq_int8 lowering (a bf16 int8 weight-only linear into aten._weight_int8pack_mm) switched off, so
     that a trace does not depend on whether this process registered it or whether it fires: a rule declares the
     lowered form as a graph form (patterns/decode_gemm.py's int8 weight-only rules)."""
     from torch._inductor.fx_passes import post_grad
 
+    from .lowered import is_woq_lowering
+
     post_grad.lazy_init()
     woq = [e for d in post_grad.pass_patterns for es in d.patterns.values() for e in es
-           if getattr(getattr(e, "handler", None), "__name__", "") == "woq_int8"]
+           if is_woq_lowering(getattr(e, "handler", None))]
     checks = [e.extra_check for e in woq]
     for e in woq:
         e.extra_check = lambda match: False
@@ -239,7 +241,7 @@ def post_grad_graph(fn: Callable[..., Any], args: Sequence[Tensor], pad: bool | 
 
     gm = torch.fx.symbolic_trace(_positional(fn))
     padding = {} if pad is None else {"shape_padding": pad, "force_shape_pad": pad}
-    with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), _woq_lowering_off(), \
+    with torch._guards.tracing(None), torch.no_grad(), sdpa_kernel(SDPBackend.MATH), woq_lowering_off(), \
             inductor_config.patch(post_grad_custom_post_pass=Capture(), post_grad_custom_pre_pass=None, **padding):
         try:
             compile_fx(gm, list(args))
