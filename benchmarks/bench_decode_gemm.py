@@ -5,7 +5,11 @@ measured copy bandwidth. With --int8-weights, the one-weight linears as torchao'
 (`decode_gemm.linear_w8*`: int8 weight, per-channel scales; Inductor lowers them to aten._weight_int8pack_mm) with
 cuBLAS on the 16-bit weight beside them (column bf16); with --fp8, as torchao's float8 dynamic per-row linears
 (`decode_gemm.linear_fp8*`, written as torchao writes them: x quantized per row, aten._scaled_mm), the op also with
-FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one); with --int8-dynamic, as
+FUSEKIT_DECODE_FP8=mma (column "op mma": the mma.sync kernels beside the default's TMA one); with --fp8-weight, as
+torchao's float8 weight-only linears (`decode_gemm.linear_fp8_weight*`: e4m3 weight, per-row float32 scales, each weight
+dequantized to x's dtype; Inductor writes that 16-bit weight and reads it in cuBLAS); for --int8-weights and
+--fp8-weight the "op mma" column is the op with FUSEKIT_DECODE_GEMM=old (the mma.sync kernel beside the default's TMA
+one, sm_90a); with --int8-dynamic, as
 torchao's int8 dynamic-activation int8-weight linears (`decode_gemm.linear_w8a8*`: x quantized per row by Inductor in
 both, then aten._int_mm and its scales' kernel, or the op; "op" is the op alone on an x quantized beforehand; eager
 and Inductor fail below 17 rows, where aten._int_mm refuses, and show as "-"). Every weight is read cold, as in a step whose weights do not
@@ -14,7 +18,7 @@ calls, the per-call time is a replay's time / R (median of --reps replays), and 
 turns over --rounds rounds. Needs a CUDA GPU (the TMA kernel on sm_90a). Writes decode_gemm.md, .json and .png under --out.
 
     python benchmarks/bench_decode_gemm.py --out out/ [--rows 1,8,32,64] [--models llama,qwen2] [--linears q+k+v,o]
-                                           [--int8-weights | --fp8 | --int8-dynamic]
+                                           [--int8-weights | --fp8 | --fp8-weight | --int8-dynamic]
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ import torch
 from fusion_backend.tools.cuda_graphs import capture, environment
 from fusion_backend import stats, table
 from fusion_backend.patterns.decode_gemm import (MAX_ROWS, MAX_ROWS_TMA, _fp8_scaled_mm,  # the table's references
-                                                 decode_linear_ref, decode_linear_w8_ref, decode_linear_w8a8_ref,
-                                                 decode_qkv_ref)
+                                                 decode_linear_fp8_weight_ref, decode_linear_ref, decode_linear_w8_ref,
+                                                 decode_linear_w8a8_ref, decode_qkv_ref)
 from fusion_backend.tools.decode_bench import _int_mm_rows_padded
 from fusion_backend.tools.models import MODELS
 
@@ -57,8 +61,8 @@ def linears(spec) -> list[tuple[str, int, tuple[int, ...], str]]:
 
 
 def quantized_linears(spec, quant: str) -> list[tuple[str, int, tuple[int, ...], str]]:
-    """The one-weight linears of `linears` (gate+up as gate alone) of kind `quant`: w8 (int8 weight-only) or fp8
-    (float8 dynamic per-row)."""
+    """The one-weight linears of `linears` (gate+up as gate alone) of kind `quant`: w8 (int8 weight-only), fp8
+    (float8 dynamic per-row) or fp8w (float8 weight-only)."""
     return [(name.replace("gate+up", "gate"), k, ns[:1], quant) for name, k, ns, kind in linears(spec)
             if kind in ("plain", "silu_mul")]
 
@@ -99,6 +103,8 @@ def reference_and_op(kind: str):
         return decode_linear_w8_ref, torch.ops.fusekit.decode_linear_w8
     if kind == "fp8":  # (x, e4m3 w, w_scale): torchao's spelling, aten._scaled_mm, as Inductor gets it
         return _fp8_scaled_mm, torch.ops.fusekit.decode_linear_fp8
+    if kind == "fp8w":  # (x, e4m3 w, float32 w_scale [N, 1])
+        return decode_linear_fp8_weight_ref, torch.ops.fusekit.decode_linear_fp8_weight
     if kind == "qkv":
         return decode_qkv_ref, torch.ops.fusekit.decode_qkv
     if kind.startswith("bias"):  # (x, w, b)
@@ -132,8 +138,9 @@ def copy_bandwidth() -> float:
 
 def weight_set(kind: str, k: int, ns: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
     """One set of a linear's weights (and bias, or int8 weight and scales)."""
-    if kind in ("w8", "fp8"):  # the rule's own test inputs: (x, w, scales)
-        rule = "decode_gemm.linear_w8_2d" if kind == "w8" else "decode_gemm.linear_fp8_2d"
+    if kind in ("w8", "fp8", "fp8w"):  # the rule's own test inputs: (x, w, scales)
+        rule = {"w8": "decode_gemm.linear_w8_2d", "fp8": "decode_gemm.linear_fp8_2d",
+                "fp8w": "decode_gemm.linear_fp8_weight_2d"}[kind]
         return list(table.by_id(rule).make_args((1, k, ns[0]), dtype, "cuda")[1:])
     if kind == "w8a8":  # the rule's test inputs (xq, xs, w, ws): w and ws
         return list(table.by_id("decode_gemm.linear_w8a8_bfloat16_2d").make_args((1, k, ns[0]), torch.int8, "cuda")[2:])
@@ -166,9 +173,11 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                        "fusekit": lambda i: fk(x, *ws[i]), "op": lambda i: op(x, *ws[i])}
                 if w16 is not None:
                     fns["bf16"] = lambda i: torch.nn.functional.linear(x, w16[i])
-                if kind == "fp8":
+                if kind in ("fp8", "w8", "fp8w"):
+                    env = {"FUSEKIT_DECODE_FP8": "mma"} if kind == "fp8" else {"FUSEKIT_DECODE_GEMM": "old"}
+
                     def op_mma(i):
-                        with environment({"FUSEKIT_DECODE_FP8": "mma"}):  # read at each launch
+                        with environment(env):  # read at each launch
                             return op(x, *ws[i])
                     fns["mma"] = op_mma
                 if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
@@ -224,7 +233,9 @@ def markdown(rows: list[dict], device: str) -> str:
              f"bias, bias + GELU) only where named (up to {MAX_ROWS['linear']} rows). matmul_epilogue: "
              f"fusekit::matmul_epilogue's tiled GEMM for bias + GELU. Kind w8: int8 weight-only (`linear_w8` rules, "
              f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; kind fp8: float8 dynamic per-row "
-             f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); "
+             f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); kind fp8w: "
+             f"float8 weight-only (`linear_fp8_weight` rules, up to {MAX_ROWS_TMA['linear_fp8_weight']} rows); op mma: the "
+             f"mma.sync kernel (fp8: FUSEKIT_DECODE_FP8=mma, w8 and fp8w: FUSEKIT_DECODE_GEMM=old); "
              f"bf16: cuBLAS on a 16-bit weight of the same shape.", "",
              "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | matmul_epilogue | "
              "bf16 | floor | op vs Inductor | op % of floor |",
@@ -275,11 +286,12 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true", help="the one-weight linears as float8 dynamic per-row (torchao's)")
     ap.add_argument("--int8-dynamic", action="store_true", help="the one-weight linears as int8 dynamic activation + "
                                                                  "int8 weight (torchao's)")
+    ap.add_argument("--fp8-weight", action="store_true", help="the one-weight linears as float8 weight-only (torchao's)")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run(a.models.split(","), [int(r) for r in a.rows.split(",")], a.rounds, a.reps,
-               set(a.linears.split(",")) if a.linears else None, quant="w8" if a.int8_weights else "fp8" if a.fp8 else "w8a8" if a.int8_dynamic else "")
+               set(a.linears.split(",")) if a.linears else None, quant="w8" if a.int8_weights else "fp8" if a.fp8 else "fp8w" if a.fp8_weight else "w8a8" if a.int8_dynamic else "")
     device = torch.cuda.get_device_name()
     (out / "decode_gemm.json").write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     (out / "decode_gemm.md").write_text(markdown(rows, device))

@@ -699,6 +699,57 @@ def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
             torch.ops.fusekit.decode_linear_w8(xx.contiguous(), ww, ss)
 
 
+W8_RULES = ("decode_gemm.linear_w8_2d", "decode_gemm.linear_fp8_weight_2d")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rule", W8_RULES)
+@pytest.mark.parametrize("choice", ["", "old"], ids=["default", "old"])
+def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choice):
+    """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 form (sm_90a builds,
+    1-64 rows: x tiles of 8/16/32/64 rows, the 8-bit box widened in shared memory) and past 64 rows the mma.sync
+    kernel, which FUSEKIT_DECODE_GEMM=old forces everywhere. Rows at each tile's edges, K ending inside a 128-wide
+    stage (80, 2064) and over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the
+    same result on every call; every 8-bit value widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
+    p = table.by_id(rule)
+    with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
+        for m in (1, 8, 9, 16, 17, 32, 33, 64, 70):
+            for k, n in ((80, 200), (2064, 8192), (8192, 2048)):
+                args = p.make_args((m, k, n), dtype, "cuda")
+                out = _run(p, args)
+                _check(p, args, out)
+                assert torch.equal(out, _run(p, args))
+        x = torch.eye(16, device="cuda", dtype=dtype)
+        if rule.startswith("decode_gemm.linear_w8"):
+            w = torch.arange(-128, 128, device="cuda", dtype=torch.int8).view(16, 16)  # every int8 value once
+            got = torch.ops.fusekit.decode_linear_w8(x, w, torch.ones(16, device="cuda", dtype=dtype))
+        else:
+            bits = torch.arange(256, device="cuda", dtype=torch.int32)
+            bits[(bits & 0x7F) == 0x7F] = 0  # e4m3fn's two NaNs
+            w = bits.to(torch.uint8).view(torch.float8_e4m3fn).view(16, 16)  # every other e4m3 value once
+            got = torch.ops.fusekit.decode_linear_fp8_weight(x, w, torch.ones(16, 1, device="cuda"))
+        assert torch.equal(got, w.t().to(dtype))
+        _check_graph_replay(p, p.make_args((5, 1024, 136), dtype, "cuda"))
+
+
+def test_decode_8bit_weight_only_tma_form_runs_where_built():
+    """On an sm_90 device (an sm_90a build) both 8-bit weight-only ops run the TMA kernel by default at 1 and 32 rows
+    and the mma.sync kernel with FUSEKIT_DECODE_GEMM=old: the kernels' names in the profile."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA decode-linear kernel is built for sm_90a only")
+    for rule in W8_RULES:
+        p = table.by_id(rule)
+        for m in (1, 32):
+            args = p.make_args((m, 2048, 512), torch.bfloat16, "cuda")
+            for choice, kernel in (("", "decode_linear_tma_kernel"), ("old", "decode_linear_w8_kernel")):
+                with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        _run(p, args)
+                        torch.cuda.synchronize()
+                names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                assert any(kernel in n for n in names), (rule, m, choice, names)
+
+
 def _has_torchao() -> bool:
     try:
         import torchao.quantization  # noqa: F401

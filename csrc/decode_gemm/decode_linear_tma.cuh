@@ -21,6 +21,13 @@
 // F8: the float8 per-row form (decode_linear_fp8.cuh): x's e4m3 copy and the e4m3 weights in the same 128-byte
 // rows (128 k per box, not 64), wgmma m64nXk32 e4m3 (native on sm_90a, K-major as here), and each partial sum
 // times x's row scale and the weight's column scale before the cluster's sum.
+//
+// W8: the 8-bit weight-only forms (decode_linear_w8.cuh; 1: int8, 2: e4m3 with float32 row scales). A stage is the
+// 16-bit form's two 64-wide k boxes (KB = 2), but the weights arrive as one 8-bit box of 128 k in the second half of
+// their 16 KB; the consumers read it into registers, widen it (widen8.cuh: int8 exactly, e4m3 times its row's scale
+// rounded once) and write the two 16-bit boxes over it, swizzled as TMA would have, before the products. The
+// 8-bit weight is read from HBM once (half the 16-bit bytes) and x is staged once per CTA, where the mma.sync kernel
+// re-read x for every 16 columns. int8's column scale multiplies the sums before the cluster's sum.
 #pragma once
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
@@ -40,6 +47,7 @@
 #include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
 #include "mbarrier.cuh"  // mbar_*, smem_u32
 #include "pdl.cuh"
+#include "widen8.cuh"  // W8: widen16
 
 namespace fusekit {
 namespace decode_gemm {
@@ -61,6 +69,7 @@ struct TmaParams {
   int early;         // 1: the first stages' weight tiles are issued before pdl_wait
   const float* x_scale;               // F8: x's row scales
   const float* w_scale[kMaxParts];    // F8: the weights' column scales (NW = 2: gate's, up's)
+  const void* w8_scale;               // W8: the weight rows' scales (int8: [N] of T; e4m3: [N] float32)
 };
 
 // k per 128-byte box row: 64 of a 16-bit type, 128 of e4m3
@@ -180,13 +189,15 @@ __device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[32], uint64_t a, uint6
 // e4m3 (T: the output's type). NORM (KB = 1, 16-bit): x is h; the consumers turn each stage's x box into
 // T(h * w_norm) in place (adding up h^2 of their rows) before its products, and the epilogue scales by the rows'
 // RMSNorm factors (decode_linear.cuh's RMSNorm section).
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(!NORM || (KB == 1 && !F8), "the RMSNorm form reads one 16-bit x box per stage");
+  static_assert(W8 == 0 || (NW == 1 && KB == 2 && !F8 && !NORM), "the 8-bit weight box is widened into two 16-bit ones");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = tma_box_k<F8>();  // k per box
   constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * BK;
   constexpr int R = MX / 2;  // accumulators per thread and weight
+  constexpr int TX = W8 ? SB - WB : SB;  // bytes a stage's copies bring (W8: the weights' 8-bit box is half of WB x 2)
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -227,7 +238,13 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
 #pragma unroll
         for (int w = 0; w < NW; ++w)
 #pragma unroll
-          for (int b = 0; b < KB; ++b) tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * BK, n0, full + i % ns);
+          for (int b = 0; b < KB; ++b) {
+            if constexpr (W8 != 0) {
+              if (b == 0) tma_load(st + WB, wm[w], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
+            } else {
+              tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * BK, n0, full + i % ns);
+            }
+          }
       };
       const auto xs = [&](int i) {
 #pragma unroll
@@ -236,16 +253,16 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
         }
       };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
-        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i);
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, TX), weights(i);
         pdl_wait();
         for (int i = 0; i < pre; ++i) xs(i);
       } else {
         pdl_wait();
-        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i), xs(i);
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, TX), weights(i), xs(i);
       }
       for (int i = pre; i < nk; ++i) {
         mbar_wait(empty + i % ns, (i / ns - 1) & 1);  // the stage's last use is consumed
-        mbar_expect_tx(full + i % ns, SB);
+        mbar_expect_tx(full + i % ns, TX);
         weights(i);
         xs(i);
       }
@@ -259,6 +276,15 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const T* line = static_cast<const T*>(p.residual) + static_cast<int64_t>(threadIdx.x) * part_of(p.n, j) + n0;
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
     }
+    // W8: this thread's four 16-byte chunks of the 8-bit box are rows threadIdx / 8 + 16 q; e4m3: their scales
+    float wsr[W8 ? 4 : 1] = {};
+    if constexpr (W8 == 2) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int row = n0 + threadIdx.x / 8 + 16 * q;
+        wsr[q] = row < p.n[0] ? static_cast<const float*>(tp.w8_scale)[row] : 0.f;
+      }
+    }
     for (int i = 0; i < nk; ++i) {
       const int s = i % ns;
       uint4 g = make_uint4(0, 0, 0, 0);
@@ -269,6 +295,23 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       }
       mbar_wait(full + s, (i / ns) & 1);
       unsigned char* st = smem + s * SB;
+      if constexpr (W8 != 0) {
+        uint4 q8[4];  // 16-byte chunk e = threadIdx + 128 q of the 8-bit box: row e / 8, k chunk (e % 8) ^ (row % 8)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) q8[q] = reinterpret_cast<const uint4*>(st + WB)[threadIdx.x + 128 * q];
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every read of the 8-bit box before the writes over it
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = threadIdx.x / 8 + 16 * q, c = (threadIdx.x % 8) ^ (r % 8);  // k [16 c, 16 c + 16)
+          uint4 lo, hi;
+          decode_w8::widen16<T, W8 == 2>(q8[q], wsr[q], lo, hi);
+          unsigned char* row = st + (c / 4) * WB + r * 128;  // 16-bit box c / 4, its 16-byte chunks 2 (c % 4) (+1)
+          *reinterpret_cast<uint4*>(row + ((2 * (c % 4)) ^ (r % 8)) * 16) = lo;
+          *reinterpret_cast<uint4*>(row + ((2 * (c % 4) + 1) ^ (r % 8)) * 16) = hi;
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, before wgmma reads them
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      }
       if constexpr (NORM) {
 #pragma unroll
         for (int q = 0; q < (MX * 8 + 127) / 128; ++q) {
@@ -337,6 +380,11 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
         ws0 = n0 + col < n ? wsc[n0 + col] : 0.f;
         ws8 = n0 + col + 8 < n ? wsc[n0 + col + 8] : 0.f;
       }
+      if constexpr (W8 == 1) {  // int8: the column's scale after the sums
+        const T* wsc = static_cast<const T*>(tp.w8_scale);
+        ws0 = n0 + col < p.n[0] ? to_float(wsc[n0 + col]) : 0.f;
+        ws8 = n0 + col + 8 < p.n[0] ? to_float(wsc[n0 + col + 8]) : 0.f;
+      }
 #pragma unroll
       for (int c = 0; c < MX / 8; ++c) {
         float xs0 = 1.f, xs1 = 1.f;
@@ -345,10 +393,11 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
           xs1 = 8 * c + xr + 1 < p.m ? tp.x_scale[8 * c + xr + 1] : 0.f;
         }
         float* r0 = red + (w * MX + 8 * c + xr) * kRedStride + col;
-        r0[0] = F8 ? acc[w][4 * c] * xs0 * ws0 : acc[w][4 * c];
-        r0[kRedStride] = F8 ? acc[w][4 * c + 1] * xs1 * ws0 : acc[w][4 * c + 1];
-        r0[8] = F8 ? acc[w][4 * c + 2] * xs0 * ws8 : acc[w][4 * c + 2];
-        r0[kRedStride + 8] = F8 ? acc[w][4 * c + 3] * xs1 * ws8 : acc[w][4 * c + 3];
+        constexpr bool COLS = F8 || W8 == 1;  // the sums times the column scales (F8: and x's row scales)
+        r0[0] = COLS ? acc[w][4 * c] * xs0 * ws0 : acc[w][4 * c];
+        r0[kRedStride] = COLS ? acc[w][4 * c + 1] * xs1 * ws0 : acc[w][4 * c + 1];
+        r0[8] = COLS ? acc[w][4 * c + 2] * xs0 * ws8 : acc[w][4 * c + 2];
+        r0[kRedStride + 8] = COLS ? acc[w][4 * c + 3] * xs1 * ws8 : acc[w][4 * c + 3];
       }
     }
   }
@@ -468,23 +517,25 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
 // times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
 // launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
 // F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set.
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits,
                      const TmaParams* scales = nullptr) {
-  using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;  // the operands' element
+  using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;                 // x's element
+  using EW = std::conditional_t<F8 || W8 != 0, __nv_fp8_e4m3, T>;    // the weights' (W8: int8 as 8 bits too)
   TmaParams tp{};
   tp.p = p;
   if (scales != nullptr) {
     tp.x_scale = scales->x_scale;
     for (int i = 0; i < kMaxParts; ++i) tp.w_scale[i] = scales->w_scale[i];
+    tp.w8_scale = scales->w8_scale;
   }
   const int tiles = set_tile_ends(tp.p, kTmaCols);
   for (int i = 0; i < (NW == 2 ? 2 : p.parts); ++i) {
-    if (!weight_map<E>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
+    if (!weight_map<EW>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
   if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM>;
-  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM>>(kTmaSmemMax);
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>;
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>>(kTmaSmemMax);
   constexpr int SB = tma_stage_bytes(NW, MX, KB);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
@@ -516,6 +567,22 @@ bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t strea
   if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
   if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
   return launch_tma_rows<T, 64, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+}
+
+// The W8 kernel (8-bit weight-only; W8 1: int8 with [N] scales of T, 2: e4m3 with [N] float32 scales) at 1-64 rows,
+// N a multiple of 8 (the epilogue's column pairs); early weight tiles and at most 4 splits above 8 rows, as the
+// 16-bit kernel in a decode step. False, launching nothing, as launch_tma_rows.
+template <typename T, int W8>
+bool launch_tma_w8(const Params& p, const void* w_scale, cudaStream_t stream) {
+  if (!tma_built() || p.m > 64 || p.m < 1 || p.n[0] % 8 != 0) return false;
+  TmaParams s{};
+  s.w8_scale = w_scale;
+  const bool early = p.m > 8;
+  const int ms = p.m > 8 ? 4 : kTmaMaxSplits;
+  if (p.m <= 8) return launch_tma_rows<T, 8, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
+  if (p.m <= 16) return launch_tma_rows<T, 16, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
+  if (p.m <= 32) return launch_tma_rows<T, 32, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
+  return launch_tma_rows<T, 64, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
 }
 
 // The NORM kernel at 1-64 rows (one 64-wide k box per stage); false, launching nothing, as launch_tma_rows.

@@ -1,20 +1,24 @@
 // The 8-bit-weight decode linear shared by fusekit::decode_linear_w8 (int8 weight-only, torchao's
 // Int8WeightOnlyConfig: the scale after the products) and fusekit::decode_linear_fp8_weight (float8 e4m3
 // weight-only, Float8WeightOnlyConfig: each weight scaled and rounded to x's dtype before them). The 8-bit weight is
-// read once and widened in registers, never written back as a 16-bit copy.
+// read once and widened on chip, never written back to HBM as a 16-bit copy.
 //
-// The CTA is decode_linear_kernel's (decode_linear.cuh): 8 warps, 8 NB output columns, all of K, 16 MT rows. A lane
+// On sm_90a builds, at 1-64 rows, the TMA kernel's W8 form runs (decode_linear_tma.cuh: x staged once per CTA, the
+// widened weights multiplied on wgmma). This file's mma.sync kernel runs elsewhere (and with FUSEKIT_DECODE_GEMM=old):
+// the CTA is decode_linear_kernel's (decode_linear.cuh): 8 warps, 8 NB output columns, all of K, 16 MT rows. A lane
 // loads 16 weights of each of its NB weight rows at once (k [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of
-// its x rows; int8 values become 16-bit exactly (fp16: the 0x6400 exponent trick, no conversion instruction; bf16:
-// through float32's 0x4B000000), e4m3 values through half (exact) times the row's scale, rounded once; two m16n8k16
-// pairs take them (mma_chunk: x and w in the same k order).
+// its x rows; widen16 (widen8.cuh) turns the weights into 16-bit operands; two m16n8k16 pairs take them
+// (mma_chunk: x and w in the same k order).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_fp8.h>
 
+#include "debug_overrides.h"  // FUSEKIT_DECODE_GEMM
 #include "decode_gemm/decode_linear.cuh"
+#include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_w8
+#include "decode_gemm/widen8.cuh"  // widen16
 #include "dtype_dispatch.cuh"
 
 namespace fusekit {
@@ -34,66 +38,6 @@ struct W8Params {
   void* out;
   int m, n, k;
 };
-
-// Four int8 (one word) -> two words of two 16-bit values each, exact.
-template <typename T>
-__device__ __forceinline__ void widen4(uint32_t b, uint32_t& lo, uint32_t& hi) {
-  const uint32_t u = b ^ 0x80808080u;  // biased: byte + 128 in [0, 255]
-  if constexpr (std::is_same_v<T, __half>) {
-    // 0x64XX is the half 1024 + XX: subtract 1152 (1024 + the bias)
-    const uint32_t h01 = __byte_perm(u, 0x64646464u, 0x4140), h23 = __byte_perm(u, 0x64646464u, 0x4342);
-    const __half2 bias = __half2half2(__ushort_as_half(0x6480));
-    const __half2 r01 = __hsub2(*reinterpret_cast<const __half2*>(&h01), bias);
-    const __half2 r23 = __hsub2(*reinterpret_cast<const __half2*>(&h23), bias);
-    lo = *reinterpret_cast<const uint32_t*>(&r01);
-    hi = *reinterpret_cast<const uint32_t*>(&r23);
-  } else {
-    // 0x4B0000XX is the float 2^23 + XX: subtract 2^23 + 128; integers of 8 bits are exact in bfloat16
-    float f[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 + i)) - 8388736.f;
-    const __nv_bfloat162 r01 = __floats2bfloat162_rn(f[0], f[1]), r23 = __floats2bfloat162_rn(f[2], f[3]);
-    lo = *reinterpret_cast<const uint32_t*>(&r01);
-    hi = *reinterpret_cast<const uint32_t*>(&r23);
-  }
-}
-
-// Four e4m3 (one word) times the weight row's float32 scale, each rounded once to T: two words of two values.
-// e4m3 -> half is exact (cvt), half -> float too: the product and its rounding are (w.float() * s).to(T)'s.
-template <typename T>
-__device__ __forceinline__ void dequant4(uint32_t b, float s, uint32_t& lo, uint32_t& hi) {
-  uint32_t r[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b >> (16 * i)), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    if constexpr (std::is_same_v<T, __half>) {
-      const __half2 v = __floats2half2_rn(f.x * s, f.y * s);
-      r[i] = *reinterpret_cast<const uint32_t*>(&v);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * s, f.y * s);
-      r[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-  }
-  lo = r[0], hi = r[1];
-}
-
-// 16 8-bit weights -> k [0, 8) and [8, 16) as two fragments of 8 16-bit values: int8 widened exactly, e4m3
-// dequantized with the row's scale s
-template <typename T, bool FP8>
-__device__ __forceinline__ void widen16(const uint4& q, float s, uint4& a, uint4& b) {
-  if constexpr (FP8) {
-    dequant4<T>(q.x, s, a.x, a.y);
-    dequant4<T>(q.y, s, a.z, a.w);
-    dequant4<T>(q.z, s, b.x, b.y);
-    dequant4<T>(q.w, s, b.z, b.w);
-  } else {
-    widen4<T>(q.x, a.x, a.y);
-    widen4<T>(q.y, a.z, a.w);
-    widen4<T>(q.z, b.x, b.y);
-    widen4<T>(q.w, b.z, b.w);
-  }
-}
 
 // NB column tiles of 8 per CTA (a lane reads NB weight rows: more bytes in flight per CTA, x read once for them);
 // HI: rows g + 8 of each 16-row tile exist (more than 8 rows), else only rows g are loaded. FP8: e4m3 weights, each
@@ -200,12 +144,19 @@ void launch(const W8Params& p, cudaStream_t stream) {
             pdl_allowed(version, 'g'), 0, p);
 }
 
-// The tiles by row count: M <= 8 one 8-row half tile, <= 16 one tile, <= 32 two, else four (two column tiles a CTA
-// up to 32 rows)
+// sm_90a builds, 1-64 rows, N a multiple of 8: the TMA kernel's W8 form (decode_linear_tma.cuh), unless
+// FUSEKIT_DECODE_GEMM=old. Else this file's kernel, its tiles by row count: M <= 8 one 8-row half tile, <= 16 one
+// tile, <= 32 two, else four (two column tiles a CTA up to 32 rows).
 template <bool FP8>
 void launch_rows(const W8Params& p, at::ScalarType dtype, cudaStream_t stream) {
   dispatch_half_bf16(dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (debug::decode_gemm_override().kernel != 0) {
+      decode_gemm::Params q{};
+      q.x = p.x, q.w[0] = p.w, q.out[0] = p.out, q.n[0] = p.n, q.parts = 1, q.m = p.m, q.k = p.k;
+      q.act = decode_gemm::kNoAct;
+      if (decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1>(q, p.scales, stream)) return;
+    }
     if (p.m <= 8) return launch<T, 1, 2, false, FP8>(p, stream);
     if (p.m <= 16) return launch<T, 1, 2, true, FP8>(p, stream);
     if (p.m <= 32) return launch<T, 2, 2, true, FP8>(p, stream);
