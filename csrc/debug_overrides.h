@@ -88,7 +88,8 @@ inline int decode_attention_splits() {
 // "splitk:S" with S splits of K; "tma" / "tma:S" / "tma:S:N" / "tma:S:N:B": the TMA kernel (1-64 rows, sm_90a
 // builds; S splits, N stages of B k boxes, B 1 or 2; 0: its own choice); "tmaearly..." that kernel with the
 // first weight tiles issued before pdl_wait. Where the forced kernel cannot run (a build without it, rows or
-// a K it does not take), decode_linear_kernel runs.
+// a K it does not take), decode_linear_kernel runs. It also picks the 8-bit weight-only ops' kernel
+// (decode_gemm/decode_linear_w8.cuh): "old" their mma.sync kernel, "tma..." the TMA kernel's W8 form at 1-64 rows.
 struct DecodeGemmOverride {
   int kernel = -1;  // -1: none (the default selection), 0: decode_linear_kernel, 1: split-K, 2: TMA
   int splits = 0;

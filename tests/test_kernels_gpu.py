@@ -704,11 +704,12 @@ W8_RULES = ("decode_gemm.linear_w8_2d", "decode_gemm.linear_fp8_weight_2d")
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rule", W8_RULES)
-@pytest.mark.parametrize("choice", ["", "old"], ids=["default", "old"])
+@pytest.mark.parametrize("choice", ["", "old", "tma"], ids=["default", "old", "tma"])
 def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choice):
-    """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 form (sm_90a builds,
-    1-64 rows: x tiles of 8/16/32/64 rows, the 8-bit box widened in shared memory) and past 64 rows the mma.sync
-    kernel, which FUSEKIT_DECODE_GEMM=old forces everywhere. Rows at each tile's edges, K ending inside a 128-wide
+    """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 form at 9-64 rows
+    (sm_90a builds: x tiles of 16/32/64 rows, the 8-bit box widened in shared memory) and the mma.sync kernel at 1-8
+    and past 64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel everywhere, =tma the TMA form at 1-64 (its 8-row
+    tile too). Rows at each tile's edges, K ending inside a 128-wide
     stage (80, 2064) and over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the
     same result on every call; every 8-bit value widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
     p = table.by_id(rule)
@@ -733,21 +734,23 @@ def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choi
 
 
 def test_decode_8bit_weight_only_tma_form_runs_where_built():
-    """On an sm_90 device (an sm_90a build) both 8-bit weight-only ops run the TMA kernel by default at 1 and 32 rows
-    and the mma.sync kernel with FUSEKIT_DECODE_GEMM=old: the kernels' names in the profile."""
+    """On an sm_90 device (an sm_90a build) both 8-bit weight-only ops run the TMA kernel by default at 9 and 32 rows
+    and with FUSEKIT_DECODE_GEMM=tma at 1, the mma.sync kernel by default at 1 and 8 rows and with
+    FUSEKIT_DECODE_GEMM=old at 32: the kernels' names in the profile."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA decode-linear kernel is built for sm_90a only")
     for rule in W8_RULES:
         p = table.by_id(rule)
-        for m in (1, 32):
+        tma, mma = "decode_linear_tma_kernel", "decode_linear_w8_kernel"
+        for m, choice, kernel in ((9, "", tma), (32, "", tma), (1, "tma", tma), (1, "", mma), (8, "", mma),
+                                  (32, "old", mma)):
             args = p.make_args((m, 2048, 512), torch.bfloat16, "cuda")
-            for choice, kernel in (("", "decode_linear_tma_kernel"), ("old", "decode_linear_w8_kernel")):
-                with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
-                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                        _run(p, args)
-                        torch.cuda.synchronize()
-                names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-                assert any(kernel in n for n in names), (rule, m, choice, names)
+            with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    _run(p, args)
+                    torch.cuda.synchronize()
+            names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert any(kernel in n for n in names), (rule, m, choice, names)
 
 
 def _has_torchao() -> bool:

@@ -3,9 +3,10 @@
 // weight-only, Float8WeightOnlyConfig: each weight scaled and rounded to x's dtype before them). The 8-bit weight is
 // read once and widened on chip, never written back to HBM as a 16-bit copy.
 //
-// On sm_90a builds, at 1-64 rows, the TMA kernel's W8 form runs (decode_linear_tma.cuh: x staged once per CTA, the
-// widened weights multiplied on wgmma). This file's mma.sync kernel runs elsewhere (and with FUSEKIT_DECODE_GEMM=old):
-// the CTA is decode_linear_kernel's (decode_linear.cuh): 8 warps, 8 NB output columns, all of K, 16 MT rows. A lane
+// On sm_90a builds, at 9-64 rows, the TMA kernel's W8 form runs (decode_linear_tma.cuh: x staged once per CTA, the
+// widened weights multiplied on wgmma; launch_rows below says why not at 1-8). This file's mma.sync kernel runs
+// elsewhere. Its CTA is decode_linear_kernel's (decode_linear.cuh): 8 warps, 8 NB output columns, all of K, 16 MT
+// rows. A lane
 // loads 16 weights of each of its NB weight rows at once (k [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of
 // its x rows; widen16 (widen8.cuh) turns the weights into 16-bit operands; two m16n8k16 pairs take them
 // (mma_chunk: x and w in the same k order).
@@ -144,14 +145,18 @@ void launch(const W8Params& p, cudaStream_t stream) {
             pdl_allowed(version, 'g'), 0, p);
 }
 
-// sm_90a builds, 1-64 rows, N a multiple of 8: the TMA kernel's W8 form (decode_linear_tma.cuh), unless
-// FUSEKIT_DECODE_GEMM=old. Else this file's kernel, its tiles by row count: M <= 8 one 8-row half tile, <= 16 one
-// tile, <= 32 two, else four (two column tiles a CTA up to 32 rows).
+// sm_90a builds, 9-64 rows, N a multiple of 8: the TMA kernel's W8 form (decode_linear_tma.cuh); FUSEKIT_DECODE_GEMM
+// =tma takes it at 1-8 rows too, =old never. H200, e4m3, Llama-style, op alone, cold weights, us, this kernel -> TMA:
+// 32 rows o 7.9 -> 7.0, gate 14.7 -> 9.6, down 19.0 -> 13.3; 1 row o 4.8 -> 5.6, gate 6.7 -> 8.6, down 12.6 -> 10.1
+// (at one row the widening pass in shared memory costs more than x's re-reads). Else this file's kernel, its tiles
+// by row count: M <= 8 one 8-row half tile, <= 16 one tile, <= 32 two, else four (two column tiles a CTA up to 32
+// rows).
 template <bool FP8>
 void launch_rows(const W8Params& p, at::ScalarType dtype, cudaStream_t stream) {
   dispatch_half_bf16(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (debug::decode_gemm_override().kernel != 0) {
+    const int forced = debug::decode_gemm_override().kernel;
+    if (forced == 2 || (forced == -1 && p.m > 8)) {
       decode_gemm::Params q{};
       q.x = p.x, q.w[0] = p.w, q.out[0] = p.out, q.n[0] = p.n, q.parts = 1, q.m = p.m, q.k = p.k;
       q.act = decode_gemm::kNoAct;
