@@ -669,10 +669,11 @@ def test_decode_linear_bias_and_gelu(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
-    """decode_linear_w8 (int8 weight-only): every int8 value widened exactly (a weight of all 256 values against
-    one-hot rows), rows over one, two and four 16-row tiles and past the rule's 64, K not a multiple of the 64-wide
-    chunk, N not of the 8-column tile; within the 2x rule of eager; inside a CUDA graph too. bfloat16 also against
-    aten._weight_int8pack_mm (the kernel it replaces). Bad direct calls raise fusekit errors."""
+    """decode_linear_w8 (int8 weight-only): rows over one, two and four 16-row tiles and past the rule's 64, K not a
+    multiple of the 64-wide chunk, N not of the 8-column tile; within the 2x rule of eager; bfloat16 also against
+    aten._weight_int8pack_mm (the kernel it replaces). An empty K gives zeros; bad direct calls raise fusekit errors.
+    (Every int8 value widened exactly, and the CUDA-graph replay, under each kernel:
+    test_decode_8bit_weight_only_kernels_rows_tails_and_graphs.)"""
     p = table.by_id("decode_gemm.linear_w8_2d")
     for m in (1, 8, 17, 33, 64, 70):
         for k, n in ((80, 200), (2048, 8192), (8192, 2048)):
@@ -682,14 +683,10 @@ def test_decode_linear_w8_rows_graphs_and_bad_calls(dtype):
             if dtype == torch.bfloat16:
                 want = torch._weight_int8pack_mm(*args)
                 assert (out.float() - want.float()).abs().max() <= 2 * want.float().abs().max() * 2 ** -8
-    w = torch.arange(-128, 128, device="cuda", dtype=torch.int8).view(16, 16)  # every int8 value once
-    x, ones = torch.eye(16, device="cuda", dtype=dtype), torch.ones(16, device="cuda", dtype=dtype)
-    assert torch.equal(torch.ops.fusekit.decode_linear_w8(x, w, ones), w.t().to(dtype))
-    args = p.make_args((5, 1024, 136), dtype, "cuda")
-    _check_graph_replay(p, args)
+    ones = torch.ones(16, device="cuda", dtype=dtype)
     x0, w0 = torch.empty(3, 0, device="cuda", dtype=dtype), torch.empty(16, 0, device="cuda", dtype=torch.int8)
     assert torch.equal(torch.ops.fusekit.decode_linear_w8(x0, w0, ones), torch.zeros(3, 16, device="cuda", dtype=dtype))
-    x, w, s = args
+    x, w, s = p.make_args((5, 1024, 136), dtype, "cuda")
     for xx, ww, ss, match in ((x[:, :1000], w[:, :1000], s, "multiple of 16"),
                               (x, w.to(dtype), s, "must be an int8"),
                               (x, w.t().contiguous().t(), s, "contiguous"),
@@ -709,9 +706,9 @@ def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choi
     """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 form at 9-64 rows
     (sm_90a builds: x tiles of 16/32/64 rows, the 8-bit box widened in shared memory) and the mma.sync kernel at 1-8
     and past 64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel everywhere, =tma the TMA form at 1-64 (its 8-row
-    tile too). Rows at each tile's edges, K ending inside a 128-wide
-    stage (80, 2064) and over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the
-    same result on every call; every 8-bit value widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
+    tile too). Rows at each tile's edges, K ending inside a 128-wide stage (80, 2064) and over several splits, N not a
+    multiple of the 64-column tile; within the 2x rule of eager; the same result on every call; every 8-bit value
+    widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
     p = table.by_id(rule)
     with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
         for m in (1, 8, 9, 16, 17, 32, 33, 64, 70):
