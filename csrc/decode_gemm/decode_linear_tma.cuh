@@ -22,14 +22,12 @@
 // rows (128 k per box, not 64), wgmma m64nXk32 e4m3 (native on sm_90a, K-major as here), and each partial sum
 // times x's row scale and the weight's column scale before the cluster's sum.
 //
-// W8: the 8-bit weight-only forms (decode_linear_w8.cuh; 1: int8, 2: e4m3 with float32 row scales). A stage holds
-// one 8-bit weight box of 128 k (8 KB) and x's two 64-wide k boxes (KB = 2), so a ring of the same shared memory
-// keeps twice the weight bytes in flight of one whose stages hold the widened weights. The consumers read a stage's
-// 8-bit box into registers, widen it (widen8.cuh: int8 exactly, e4m3 times its row's scale rounded once) and write
-// the two 16-bit boxes, swizzled as TMA would have, into one of two buffers beside the ring, while the tensor cores
-// multiply the stage before it from the other buffer: one barrier a stage. The 8-bit weight is read from HBM once
-// (half the 16-bit bytes) and x is staged once per CTA, where the mma.sync kernel re-read x for every 16 columns.
-// int8's column scale multiplies the sums before the cluster's sum.
+// W8: the 8-bit weight-only forms (decode_linear_w8.cuh; 1: int8, 2: e4m3 with float32 row scales). A stage is the
+// 16-bit form's two 64-wide k boxes (KB = 2), but the weights arrive as one 8-bit box of 128 k in the second half of
+// their 16 KB; the consumers read it into registers, widen it (widen8.cuh: int8 exactly, e4m3 times its row's scale
+// rounded once) and write the two 16-bit boxes over it, swizzled as TMA would have, before the products. The
+// 8-bit weight is read from HBM once (half the 16-bit bytes) and x is staged once per CTA, where the mma.sync kernel
+// re-read x for every 16 columns. int8's column scale multiplies the sums before the cluster's sum.
 #pragma once
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
@@ -78,13 +76,8 @@ struct TmaParams {
 template <bool F8>
 __host__ __device__ constexpr int tma_box_k() { return F8 ? 2 * kTmaBK : kTmaBK; }
 
-// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows,
-// 1024-aligned); W8: one 8-bit weight box of 128 k and x's KB boxes.
-__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb, int w8 = 0) {
-  return (w8 ? kTmaCols * kb / 2 + mx * kb : (nw * kTmaCols + mx) * kb) * kTmaBK * 2;
-}
-// Shared memory beside the ring: W8's two buffers of the widened weights (two 16-bit 64 x 64 boxes each).
-__host__ __device__ constexpr int tma_widened_bytes(int w8) { return w8 ? 2 * 2 * kTmaCols * kTmaBK * 2 : 0; }
+// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
+__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A box of the tensor map at (c0 = k, c1 = row) into shared memory; `bar` counts its bytes.
@@ -202,15 +195,14 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   static_assert(W8 == 0 || (NW == 1 && KB == 2 && !F8 && !NORM), "the 8-bit weight box is widened into two 16-bit ones");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = tma_box_k<F8>();  // k per box
-  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB, W8), SK = KB * BK;
-  constexpr int WSB = W8 ? WB : NW * KB * WB;  // a stage's weight bytes (W8: one 8-bit box of 128 k); x's after
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * BK;
   constexpr int R = MX / 2;  // accumulators per thread and weight
+  constexpr int TX = W8 ? SB - WB : SB;  // bytes a stage's copies bring (W8: the weights' 8-bit box is half of WB x 2)
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int ns = tp.stages;
-  unsigned char* widened = smem + ns * SB;  // W8: [2][two 16-bit boxes]
-  uint64_t* full = reinterpret_cast<uint64_t*>(widened + tma_widened_bytes(W8));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + ns * SB);
   uint64_t* empty = full + ns;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int n0;
@@ -243,34 +235,34 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const int pre = min(ns, nk);
       const auto weights = [&](int i) {
         unsigned char* st = smem + (i % ns) * SB;
+        if constexpr (W8 != 0) {
+          tma_load(st + WB, wm[0], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
+        } else {
 #pragma unroll
-        for (int w = 0; w < NW; ++w)
+          for (int w = 0; w < NW; ++w)
 #pragma unroll
-          for (int b = 0; b < KB; ++b) {
-            if constexpr (W8 != 0) {
-              if (b == 0) tma_load(st, wm[w], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
-            } else {
+            for (int b = 0; b < KB; ++b) {
               tma_load(st + (w * KB + b) * WB, wm[w], (kb0 + i) * SK + b * BK, n0, full + i % ns);
             }
-          }
+        }
       };
       const auto xs = [&](int i) {
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          tma_load(smem + (i % ns) * SB + WSB + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
+          tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
         }
       };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
-        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i);
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, TX), weights(i);
         pdl_wait();
         for (int i = 0; i < pre; ++i) xs(i);
       } else {
         pdl_wait();
-        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i), xs(i);
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, TX), weights(i), xs(i);
       }
       for (int i = pre; i < nk; ++i) {
         mbar_wait(empty + i % ns, (i / ns - 1) & 1);  // the stage's last use is consumed
-        mbar_expect_tx(full + i % ns, SB);
+        mbar_expect_tx(full + i % ns, TX);
         weights(i);
         xs(i);
       }
@@ -293,53 +285,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
         wsr[q] = row < p.n[0] ? static_cast<const float*>(tp.w8_scale)[row] : 0.f;
       }
     }
-    // W8: stage i's 8-bit box widened into buffer i % 2 (after its copies land), swizzled as TMA writes a box
-    const auto widen_stage = [&](int i) {
-      mbar_wait(full + i % ns, (i / ns) & 1);
-      const unsigned char* st = smem + (i % ns) * SB;
-      unsigned char* dst = widened + (i % 2) * 2 * WB;
-      uint4 q8[4];  // 16-byte chunk e = threadIdx + 128 q of the 8-bit box: row e / 8, k chunk (e % 8) ^ (row % 8)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) q8[q] = reinterpret_cast<const uint4*>(st)[threadIdx.x + 128 * q];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int r = threadIdx.x / 8 + 16 * q, c = (threadIdx.x % 8) ^ (r % 8);  // k [16 c, 16 c + 16)
-        uint4 lo, hi;
-        decode_w8::widen16<T, W8 == 2>(q8[q], wsr[q], lo, hi);
-        unsigned char* row = dst + (c / 4) * WB + r * 128;  // 16-bit box c / 4, its 16-byte chunks 2 (c % 4) (+1)
-        *reinterpret_cast<uint4*>(row + ((2 * (c % 4)) ^ (r % 8)) * 16) = lo;
-        *reinterpret_cast<uint4*>(row + ((2 * (c % 4) + 1) ^ (r % 8)) * 16) = hi;
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, before wgmma reads them
-    };
-    if constexpr (W8 != 0) {
-      if (nk > 0) widen_stage(0);
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    }
-    for (int i = 0; W8 != 0 && i < nk; ++i) {
-      // stage i's products from buffer i % 2 while stage i + 1 is widened into the other: that buffer's last
-      // reader, stage i - 1's wgmma, was waited for by every warp before the barrier that ended iteration i - 1
-      const int s = i % ns;
-      const unsigned char* st = smem + s * SB;
-      const unsigned char* wd = widened + (i % 2) * 2 * WB;
-      fence_regs(acc[0]);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int b = 0; b < KB; ++b) {
-        const uint64_t xd = smem_desc(st + WSB + b * XB);
-#pragma unroll
-        for (int kk = 0; kk < kTmaBK / 16; ++kk) {
-          wgmma_k16<std::is_same_v<T, __nv_bfloat16>>(acc[0], smem_desc(wd + b * WB) + 2 * kk, xd + 2 * kk);
-        }
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      if (i + 1 < nk) widen_stage(i + 1);
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      fence_regs(acc[0]);
-      if (lane == 0) mbar_arrive(empty + s);  // one arrival per warp: x's boxes read, the 8-bit box widened
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // buffer (i + 1) % 2 written; every warp's stage-i wgmma done
-    }
-    for (int i = 0; W8 == 0 && i < nk; ++i) {
+    for (int i = 0; i < nk; ++i) {
       const int s = i % ns;
       uint4 g = make_uint4(0, 0, 0, 0);
       if constexpr (NORM) {  // this thread's 8 k of w_norm, loaded before the stage lands: the 16-byte chunk
@@ -349,12 +295,29 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       }
       mbar_wait(full + s, (i / ns) & 1);
       unsigned char* st = smem + s * SB;
+      if constexpr (W8 != 0) {
+        uint4 q8[4];  // 16-byte chunk e = threadIdx + 128 q of the 8-bit box: row e / 8, k chunk (e % 8) ^ (row % 8)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) q8[q] = reinterpret_cast<const uint4*>(st + WB)[threadIdx.x + 128 * q];
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every read of the 8-bit box before the writes over it
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = threadIdx.x / 8 + 16 * q, c = (threadIdx.x % 8) ^ (r % 8);  // k [16 c, 16 c + 16)
+          uint4 lo, hi;
+          decode_w8::widen16<T, W8 == 2>(q8[q], wsr[q], lo, hi);
+          unsigned char* row = st + (c / 4) * WB + r * 128;  // 16-bit box c / 4, its 16-byte chunks 2 (c % 4) (+1)
+          *reinterpret_cast<uint4*>(row + ((2 * (c % 4)) ^ (r % 8)) * 16) = lo;
+          *reinterpret_cast<uint4*>(row + ((2 * (c % 4) + 1) ^ (r % 8)) * 16) = hi;
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, before wgmma reads them
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      }
       if constexpr (NORM) {
 #pragma unroll
         for (int q = 0; q < (MX * 8 + 127) / 128; ++q) {
           const int e = threadIdx.x + 128 * q;  // 16-byte chunk e of the MX x 128-byte box
           if (e < MX * 8) {
-            uint4* c = reinterpret_cast<uint4*>(st + WSB + e * 16);
+            uint4* c = reinterpret_cast<uint4*>(st + NW * WB + e * 16);
             *c = norm_chunk<T>(*c, g, ss[q]);
           }
         }
@@ -372,7 +335,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int b = 0; b < KB; ++b) {
-        const uint64_t xd = smem_desc(st + WSB + b * XB);
+        const uint64_t xd = smem_desc(st + NW * KB * WB + b * XB);
 #pragma unroll
         for (int kk = 0; kk < kTmaBK / 16; ++kk) {
 #pragma unroll
@@ -518,17 +481,13 @@ bool weight_map(CUtensorMap* map, const void* ptr, int n, int k) {
 
 // Stages of the ring: 3 unless asked (the FUSEKIT_DECODE_GEMM test override), at least 2, at most one per k block
 // of a split. Three is the fastest on an H100: more CTAs per SM (three of gate/up, six of a plain linear at 32
-// rows) rather than more bytes in flight per CTA. W8 (`beside`: its widened buffers): as many as two CTAs an SM
-// hold, its stages carrying half the weight bytes of a 16-bit stage.
-inline int tma_stages(int asked, int per, int stage_bytes, int beside = 0) {
-  const int fit = static_cast<int>((kTmaSmemBudget - 1024 - 16 * kTmaMaxStages - beside) / stage_bytes);
-  const int dflt = beside > 0 ? kTmaMaxStages : 3;
-  return std::max(2, std::min({asked > 0 ? asked : dflt, fit, kTmaMaxStages, std::max(per, 2)}));
+// rows) rather than more bytes in flight per CTA.
+inline int tma_stages(int asked, int per, int stage_bytes) {
+  const int fit = static_cast<int>((kTmaSmemBudget - 1024 - 16 * kTmaMaxStages) / stage_bytes);
+  return std::max(2, std::min({asked > 0 ? asked : 3, fit, kTmaMaxStages, std::max(per, 2)}));
 }
 
-inline size_t tma_smem(int stages, int stage_bytes, int beside = 0) {
-  return 1024 + size_t(stages) * stage_bytes + beside + 16 * stages;
-}
+inline size_t tma_smem(int stages, int stage_bytes) { return 1024 + size_t(stages) * stage_bytes + 16 * stages; }
 
 // How many clusters of S CTAs with this shared memory the GPU holds at once (the occupancy API knows how the
 // SMs group into GPCs, which a cluster cannot span); cached per (device, kernel instance, S, bytes).
@@ -577,7 +536,7 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
   if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
   auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>;
   opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>>(kTmaSmemMax);
-  constexpr int SB = tma_stage_bytes(NW, MX, KB, W8), BESIDE = tma_widened_bytes(W8);
+  constexpr int SB = tma_stage_bytes(NW, MX, KB);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
   int s = std::min({splits, kTmaMaxSplits, kblocks});
@@ -586,28 +545,37 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
     for (int c = 1; c <= max_splits && c <= kblocks; ++c) {
       const int per = (kblocks + c - 1) / c;
       if ((kblocks + per - 1) / per < c) continue;  // an empty split
-      const int held = tma_max_clusters(kernel, c, tma_smem(tma_stages(stages, per, SB, BESIDE), SB, BESIDE));
+      const int held = tma_max_clusters(kernel, c, tma_smem(tma_stages(stages, per, SB), SB));
       const int64_t cost = int64_t(tiles + held - 1) / held * (per + 3);
       if (cost < best_cost) s = c, best_cost = cost;
     }
   }
   tp.kb_per_split = (kblocks + s - 1) / s;
   s = (kblocks + tp.kb_per_split - 1) / tp.kb_per_split;  // no empty split
-  tp.stages = tma_stages(stages, tp.kb_per_split, SB, BESIDE);
+  tp.stages = tma_stages(stages, tp.kb_per_split, SB);
   tp.early = early;
-  launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB, BESIDE), stream, pdl_allowed(90, 'g'), s, tp);
+  launch_ex(kernel, dim3(tiles, s), dim3(kTmaThreads), tma_smem(tp.stages, SB), stream, pdl_allowed(90, 'g'), s, tp);
   return true;
+}
+
+// launch(std::integral_constant<int, MX>{}) for the x rows tile MX (8, 16, 32, 64) that holds p.m rows: the
+// launchers below; false, launching nothing, where this build has no TMA kernel or p.m is not in 1-64.
+template <typename Launch>
+bool with_rows_tile(const Params& p, Launch&& launch) {
+  if (!tma_built() || p.m > 64 || p.m < 1) return false;
+  if (p.m <= 8) return launch(std::integral_constant<int, 8>{});
+  if (p.m <= 16) return launch(std::integral_constant<int, 16>{});
+  if (p.m <= 32) return launch(std::integral_constant<int, 32>{});
+  return launch(std::integral_constant<int, 64>{});
 }
 
 // The F8 kernel at 1-64 rows (one k box per stage: 128 k); false, launching nothing, as launch_tma_rows.
 template <typename T, int NW>
 bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t stream, int splits, bool early,
                     int max_splits = kTmaMaxSplits) {
-  if (!tma_built() || p.m > 64 || p.m < 1) return false;
-  if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
-  if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
-  if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
-  return launch_tma_rows<T, 64, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  return with_rows_tile(p, [&](auto mx) {
+    return launch_tma_rows<T, decltype(mx)::value, NW, 1, true>(p, stream, splits, early, 0, max_splits, &scales);
+  });
 }
 
 // The W8 kernel (8-bit weight-only; W8 1: int8 with [N] scales of T, 2: e4m3 with [N] float32 scales) at 1-64 rows,
@@ -615,42 +583,32 @@ bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t strea
 // 16-bit kernel in a decode step. False, launching nothing, as launch_tma_rows.
 template <typename T, int W8>
 bool launch_tma_w8(const Params& p, const void* w_scale, cudaStream_t stream) {
-  if (!tma_built() || p.m > 64 || p.m < 1 || p.n[0] % 8 != 0) return false;
+  if (p.n[0] % 8 != 0) return false;
   TmaParams s{};
   s.w8_scale = w_scale;
   const bool early = p.m > 8;
   const int ms = p.m > 8 ? 4 : kTmaMaxSplits;
-  if (p.m <= 8) return launch_tma_rows<T, 8, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
-  if (p.m <= 16) return launch_tma_rows<T, 16, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
-  if (p.m <= 32) return launch_tma_rows<T, 32, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
-  return launch_tma_rows<T, 64, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
+  return with_rows_tile(p, [&](auto mx) {
+    return launch_tma_rows<T, decltype(mx)::value, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
+  });
 }
 
 // The NORM kernel at 1-64 rows (one 64-wide k box per stage); false, launching nothing, as launch_tma_rows.
 template <typename T, int NW>
 bool launch_tma_norm(const Params& p, cudaStream_t stream, bool early, int max_splits) {
-  if (!tma_built() || p.m > 64 || p.m < 1) return false;
-  if (p.m <= 8) return launch_tma_rows<T, 8, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
-  if (p.m <= 16) return launch_tma_rows<T, 16, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
-  if (p.m <= 32) return launch_tma_rows<T, 32, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
-  return launch_tma_rows<T, 64, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
-}
-
-template <typename T, int MX, int NW>
-bool launch_tma_boxes(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes,
-                      int max_splits) {
-  if (boxes == 2) return launch_tma_rows<T, MX, NW, 2>(p, stream, splits, early, stages, max_splits);
-  return launch_tma_rows<T, MX, NW, 1>(p, stream, splits, early, stages, max_splits);
+  return with_rows_tile(p, [&](auto mx) {
+    return launch_tma_rows<T, decltype(mx)::value, NW, 1, false, true>(p, stream, 0, early, 0, max_splits);
+  });
 }
 
 template <typename T, int NW>
 bool launch_tma(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int boxes,
                 int max_splits = kTmaMaxSplits) {
-  if (!tma_built() || p.m > 64 || p.m < 1) return false;
-  if (p.m <= 8) return launch_tma_boxes<T, 8, NW>(p, stream, splits, early, stages, boxes, max_splits);
-  if (p.m <= 16) return launch_tma_boxes<T, 16, NW>(p, stream, splits, early, stages, boxes, max_splits);
-  if (p.m <= 32) return launch_tma_boxes<T, 32, NW>(p, stream, splits, early, stages, boxes, max_splits);
-  return launch_tma_boxes<T, 64, NW>(p, stream, splits, early, stages, boxes, max_splits);
+  return with_rows_tile(p, [&](auto mx) {
+    constexpr int MX = decltype(mx)::value;
+    if (boxes == 2) return launch_tma_rows<T, MX, NW, 2>(p, stream, splits, early, stages, max_splits);
+    return launch_tma_rows<T, MX, NW, 1>(p, stream, splits, early, stages, max_splits);
+  });
 }
 
 }  // namespace decode_gemm

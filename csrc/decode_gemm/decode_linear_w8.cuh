@@ -14,7 +14,6 @@
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_fp8.h>
 
 #include "debug_overrides.h"  // FUSEKIT_DECODE_GEMM
 #include "decode_gemm/decode_linear.cuh"
