@@ -28,6 +28,10 @@
 // rounded once) and write the two 16-bit boxes over it, swizzled as TMA would have, before the products. The
 // 8-bit weight is read from HBM once (half the 16-bit bytes) and x is staged once per CTA, where the mma.sync kernel
 // re-read x for every 16 columns. int8's column scale multiplies the sums before the cluster's sum.
+// WR, the W8 register form: a stage is the 8-bit box and x's two boxes only; each consumer thread reads its A
+// fragments' weights (two rows, 4 bytes of each 16 k) out of the 8-bit box, widens them in registers and wgmma
+// takes A from registers (wgmma_rs.cuh): no widened copy in shared memory, no barrier between the consumers, and
+// the next stage is widened while the tensor cores multiply this one (two fragment sets, wait_group 1).
 #pragma once
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
@@ -47,7 +51,8 @@
 #include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
 #include "mbarrier.cuh"  // mbar_*, smem_u32
 #include "pdl.cuh"
-#include "widen8.cuh"  // W8: widen16
+#include "wgmma_rs.cuh"  // WR: wgmma_rs_k16
+#include "widen8.cuh"  // W8: widen16, widen_rows2
 
 namespace fusekit {
 namespace decode_gemm {
@@ -76,8 +81,11 @@ struct TmaParams {
 template <bool F8>
 __host__ __device__ constexpr int tma_box_k() { return F8 ? 2 * kTmaBK : kTmaBK; }
 
-// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows, 1024-aligned).
-__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb) { return (nw * kTmaCols + mx) * kTmaBK * 2 * kb; }
+// A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows,
+// 1024-aligned); WR: the 8-bit weights' one box of 64 rows, then x's KB boxes.
+__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb, bool wr = false) {
+  return wr ? (kTmaCols + mx * kb) * kTmaBK * 2 : (nw * kTmaCols + mx) * kTmaBK * 2 * kb;
+}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A box of the tensor map at (c0 = k, c1 = row) into shared memory; `bar` counts its bytes.
@@ -89,6 +97,12 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
   return (static_cast<uint64_t>((smem_u32(p) & 0x3FFFF) >> 4)) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
          (uint64_t{1} << 62);
+}
+// 16 bits of shared memory (volatile: not moved above the mbarrier wait that makes them valid)
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
 }
 template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {  // keep the accumulators out of the async window
@@ -189,15 +203,17 @@ __device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[32], uint64_t a, uint6
 // e4m3 (T: the output's type). NORM (KB = 1, 16-bit): x is h; the consumers turn each stage's x box into
 // T(h * w_norm) in place (adding up h^2 of their rows) before its products, and the epilogue scales by the rows'
 // RMSNorm factors (decode_linear.cuh's RMSNorm section).
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0, bool WR = false>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(!NORM || (KB == 1 && !F8), "the RMSNorm form reads one 16-bit x box per stage");
   static_assert(W8 == 0 || (NW == 1 && KB == 2 && !F8 && !NORM), "the 8-bit weight box is widened into two 16-bit ones");
+  static_assert(!WR || W8 != 0, "the register form is the 8-bit weights'");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = tma_box_k<F8>();  // k per box
-  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB), SK = KB * BK;
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB, WR), SK = KB * BK;
+  constexpr int XO = WR ? WB : NW * KB * WB;  // x's boxes in a stage
   constexpr int R = MX / 2;  // accumulators per thread and weight
-  constexpr int TX = W8 ? SB - WB : SB;  // bytes a stage's copies bring (W8: the weights' 8-bit box is half of WB x 2)
+  constexpr int TX = W8 && !WR ? SB - WB : SB;  // bytes a stage's copies bring (W8: the 8-bit box is half of WB x 2)
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -236,7 +252,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const auto weights = [&](int i) {
         unsigned char* st = smem + (i % ns) * SB;
         if constexpr (W8 != 0) {
-          tma_load(st + WB, wm[0], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
+          tma_load(st + (WR ? 0 : WB), wm[0], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
         } else {
 #pragma unroll
           for (int w = 0; w < NW; ++w)
@@ -249,7 +265,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const auto xs = [&](int i) {
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          tma_load(smem + (i % ns) * SB + NW * KB * WB + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
+          tma_load(smem + (i % ns) * SB + XO + b * XB, &tp.xmap, (kb0 + i) * SK + b * BK, 0, full + i % ns);
         }
       };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
@@ -268,6 +284,55 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       }
     }
     __syncwarp();
+  } else if constexpr (WR) {  // consumers, the W8 register form
+    const int g = lane / 4, t = lane % 4, r0 = 16 * warp + g;  // this thread's A rows: r0, r0 + 8 of the tile
+    float s0 = 1.f, s8 = 1.f;  // e4m3: their scales (not written by the kernels before: read ahead of the wait)
+    if constexpr (W8 == 2) {
+      const float* sc = static_cast<const float*>(tp.w8_scale);
+      s0 = n0 + r0 < p.n[0] ? sc[n0 + r0] : 0.f;
+      s8 = n0 + r0 + 8 < p.n[0] ? sc[n0 + r0 + 8] : 0.f;
+    }
+    pdl_wait();  // (the epilogue's stores)
+    // A of the 8 k16 steps of a stage: rows r0 and r0 + 8 of the 8-bit box (both r % 8 == g: the 128-byte swizzle
+    // puts k chunk kk at chunk kk ^ g), k 2t, 2t + 1 and 2t + 8, 2t + 9 of each chunk (no bank conflicts: the eight
+    // g read eight different chunks)
+    const auto widen_stage = [&](const unsigned char* st, uint32_t (&a)[8][4]) {
+      const uint32_t w0 = smem_u32(st) + r0 * 128 + 2 * t, w8 = w0 + 8 * 128;  // (shared addresses: ld.shared)
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t c = (kk ^ g) * 16;
+        const uint32_t lo = lds_u16(w0 + c) | lds_u16(w8 + c) << 16, hi = lds_u16(w0 + c + 8) | lds_u16(w8 + c + 8) << 16;
+        decode_w8::widen_rows2<T, W8 == 2>(lo, s0, s8, a[kk][0], a[kk][1]);
+        decode_w8::widen_rows2<T, W8 == 2>(hi, s0, s8, a[kk][2], a[kk][3]);
+      }
+    };
+    const auto multiply = [&](const unsigned char* st, const uint32_t (&a)[8][4]) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        wgmma_rs_k16<std::is_same_v<T, __nv_bfloat16>>(acc[0], a[kk], smem_desc(st + XO + (kk / 4) * XB) + 2 * (kk % 4));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    };
+    uint32_t af[2][8][4];  // two stages' fragments: stage i widened while stage i - 1 multiplies
+    fence_regs(acc[0]);
+    for (int i0 = 0; i0 < nk; i0 += 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = i0 + h;
+        if (i < nk) {
+          mbar_wait(full + i % ns, (i / ns) & 1);
+          unsigned char* st = smem + (i % ns) * SB;
+          widen_stage(st, af[h]);
+          multiply(st, af[h]);
+          asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // stage i - 1's products are done
+          if (i > 0 && lane == 0) mbar_arrive(empty + (i - 1) % ns);       // its x box is free
+        }
+      }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_regs(acc[0]);
+    pdl_trigger();
   } else {  // consumers: the warpgroup multiplies each stage as it lands
     pdl_wait();  // (the epilogue's stores)
     if (p.residual != nullptr && threadIdx.x < min(MX, p.m)) {
@@ -317,7 +382,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
         for (int q = 0; q < (MX * 8 + 127) / 128; ++q) {
           const int e = threadIdx.x + 128 * q;  // 16-byte chunk e of the MX x 128-byte box
           if (e < MX * 8) {
-            uint4* c = reinterpret_cast<uint4*>(st + NW * WB + e * 16);
+            uint4* c = reinterpret_cast<uint4*>(st + XO + e * 16);
             *c = norm_chunk<T>(*c, g, ss[q]);
           }
         }
@@ -335,7 +400,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int b = 0; b < KB; ++b) {
-        const uint64_t xd = smem_desc(st + NW * KB * WB + b * XB);
+        const uint64_t xd = smem_desc(st + XO + b * XB);
 #pragma unroll
         for (int kk = 0; kk < kTmaBK / 16; ++kk) {
 #pragma unroll
@@ -517,7 +582,7 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
 // times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
 // launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
 // F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set.
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0, bool WR = false>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits,
                      const TmaParams* scales = nullptr) {
   using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;                 // x's element
@@ -534,9 +599,9 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
     if (!weight_map<EW>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
   if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>;
-  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>>(kTmaSmemMax);
-  constexpr int SB = tma_stage_bytes(NW, MX, KB);
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8, WR>;
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8, WR>>(kTmaSmemMax);
+  constexpr int SB = tma_stage_bytes(NW, MX, KB, WR);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
   int s = std::min({splits, kTmaMaxSplits, kblocks});
@@ -580,8 +645,8 @@ bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t strea
 
 // The W8 kernel (8-bit weight-only; W8 1: int8 with [N] scales of T, 2: e4m3 with [N] float32 scales) at 1-64 rows,
 // N a multiple of 8 (the epilogue's column pairs); early weight tiles and at most 4 splits above 8 rows, as the
-// 16-bit kernel in a decode step. False, launching nothing, as launch_tma_rows.
-template <typename T, int W8>
+// 16-bit kernel in a decode step; WR: the register form. False, launching nothing, as launch_tma_rows.
+template <typename T, int W8, bool WR>
 bool launch_tma_w8(const Params& p, const void* w_scale, cudaStream_t stream) {
   if (p.n[0] % 8 != 0) return false;
   TmaParams s{};
@@ -589,7 +654,7 @@ bool launch_tma_w8(const Params& p, const void* w_scale, cudaStream_t stream) {
   const bool early = p.m > 8;
   const int ms = p.m > 8 ? 4 : kTmaMaxSplits;
   return with_rows_tile(p, [&](auto mx) {
-    return launch_tma_rows<T, decltype(mx)::value, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
+    return launch_tma_rows<T, decltype(mx)::value, 1, 2, false, false, W8, WR>(p, stream, 0, early, 0, ms, &s);
   });
 }
 

@@ -154,12 +154,14 @@ template <bool FP8>
 void launch_rows(const W8Params& p, at::ScalarType dtype, cudaStream_t stream) {
   dispatch_half_bf16(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const int forced = debug::decode_gemm_override().kernel;
-    if (forced == 2 || (forced == -1 && p.m > 8)) {
+    const auto o = debug::decode_gemm_override();
+    if (o.kernel == 2 || (o.kernel == -1 && p.m > 8)) {
       decode_gemm::Params q{};
       q.x = p.x, q.w[0] = p.w, q.out[0] = p.out, q.n[0] = p.n, q.parts = 1, q.m = p.m, q.k = p.k;
       q.act = decode_gemm::kNoAct;
-      if (decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1>(q, p.scales, stream)) return;
+      const bool done = o.w8_smem ? decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1, false>(q, p.scales, stream)
+                                  : decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1, true>(q, p.scales, stream);
+      if (done) return;
     }
     if (p.m <= 8) return launch<T, 1, 2, false, FP8>(p, stream);
     if (p.m <= 16) return launch<T, 1, 2, true, FP8>(p, stream);

@@ -37,24 +37,36 @@ __device__ __forceinline__ void widen4(uint32_t b, uint32_t& lo, uint32_t& hi) {
   }
 }
 
-// Four e4m3 (one word) times the weight row's float32 scale, each rounded once to T: two words of two values.
+// Two e4m3 (the low 16 bits of b) times the weight row's float32 scale, each rounded once to T: one word.
 // e4m3 -> half is exact (cvt), half -> float too: the product and its rounding are (w.float() * s).to(T)'s.
 template <typename T>
-__device__ __forceinline__ void dequant4(uint32_t b, float s, uint32_t& lo, uint32_t& hi) {
-  uint32_t r[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b >> (16 * i)), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    if constexpr (std::is_same_v<T, __half>) {
-      const __half2 v = __floats2half2_rn(f.x * s, f.y * s);
-      r[i] = *reinterpret_cast<const uint32_t*>(&v);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * s, f.y * s);
-      r[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
+__device__ __forceinline__ uint32_t dequant2(uint32_t b, float s) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(b & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(f.x * s, f.y * s);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * s, f.y * s);
+    return *reinterpret_cast<const uint32_t*>(&v);
   }
-  lo = r[0], hi = r[1];
+}
+
+// Four e4m3 (one word) of one weight row times its scale: two words of two values.
+template <typename T>
+__device__ __forceinline__ void dequant4(uint32_t b, float s, uint32_t& lo, uint32_t& hi) {
+  lo = dequant2<T>(b, s), hi = dequant2<T>(b >> 16, s);
+}
+
+// Two 8-bit weights of each of two rows (bytes 0-1 row a, 2-3 row b) -> one word per row: int8 exactly, e4m3
+// times the row's scale (sa, sb) rounded once. The TMA kernel's W8 register form (an A fragment's two rows).
+template <typename T, bool FP8>
+__device__ __forceinline__ void widen_rows2(uint32_t b, float sa, float sb, uint32_t& ra, uint32_t& rb) {
+  if constexpr (FP8) {
+    ra = dequant2<T>(b, sa), rb = dequant2<T>(b >> 16, sb);
+  } else {
+    widen4<T>(b, ra, rb);
+  }
 }
 
 // 16 8-bit weights -> k [0, 8) and [8, 16) as two fragments of 8 16-bit values: int8 widened exactly, e4m3
