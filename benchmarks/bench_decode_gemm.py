@@ -180,11 +180,6 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                         with environment(env):  # read at each launch
                             return op(x, *ws[i])
                     fns["mma"] = op_mma
-                if kind in ("w8", "fp8w") and torch.cuda.get_device_capability() == (9, 0):
-                    def op_smem(i):  # the TMA kernel's shared-memory W8 form beside the register form
-                        with environment({"FUSEKIT_DECODE_GEMM": "tmasmem"}):
-                            return op(x, *ws[i])
-                    fns["smem"] = op_smem
                 if kind == "bias_gelu":  # the matmul epilogue's tiled GEMM, the rule this one is matched before
                     fns["epilogue"] = lambda i: torch.ops.fusekit.matmul_epilogue(x, ws[i][0], ws[i][1], None, None,
                                                                                   "gelu", True)
@@ -216,8 +211,7 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
                       + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "")
-                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "")
-                      + (f"op smem {row['smem_ms'] * 1e3:7.1f}; " if "smem_ms" in row else "") +
+                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "") +
                       f"op/inductor {_ratio(row['inductor_ms'], row['op_ms'])}", flush=True)
             del ws, w16
     return out
@@ -241,20 +235,18 @@ def markdown(rows: list[dict], device: str) -> str:
              f"up to {MAX_ROWS_TMA['linear_w8']} rows), floor = the int8 weight's bytes; kind fp8: float8 dynamic per-row "
              f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); kind fp8w: "
              f"float8 weight-only (`linear_fp8_weight` rules, up to {MAX_ROWS_TMA['linear_fp8_weight']} rows); op mma: the "
-             f"mma.sync kernel (fp8: FUSEKIT_DECODE_FP8=mma, w8 and fp8w: FUSEKIT_DECODE_GEMM=old); op smem (w8, fp8w, "
-             f"sm_90a): the TMA kernel's shared-memory W8 form (FUSEKIT_DECODE_GEMM=tmasmem); "
+             f"mma.sync kernel (fp8: FUSEKIT_DECODE_FP8=mma, w8 and fp8w: FUSEKIT_DECODE_GEMM=old); "
              f"bf16: cuBLAS on a 16-bit weight of the same shape.", "",
-             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | op smem | matmul_epilogue | "
+             "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | matmul_epilogue | "
              "bf16 | floor | op vs Inductor | op % of floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         epilogue = f"{r['epilogue_ms'] * 1e3:.1f}" if "epilogue_ms" in r else "-"
         bf16 = f"{r['bf16_ms'] * 1e3:.1f}" if "bf16_ms" in r else "-"
         mma = f"{r['mma_ms'] * 1e3:.1f}" if "mma_ms" in r else "-"
-        smem = f"{r['smem_ms'] * 1e3:.1f}" if "smem_ms" in r else "-"
         lines.append(f"| {r['model']} | {r['linear']} | {r['kind']} | {r['K']}x{r['N']} | {r['rows']} | "
                      f"{_us(r['eager_ms'])} | {_us(r['inductor_ms'])} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
-                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {smem} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | "
+                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | "
                      f"{_ratio(r['inductor_ms'], r['op_ms'])} | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"

@@ -701,14 +701,13 @@ W8_RULES = ("decode_gemm.linear_w8_2d", "decode_gemm.linear_fp8_weight_2d")
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rule", W8_RULES)
-@pytest.mark.parametrize("choice", ["", "old", "tma", "tmasmem"], ids=["default", "old", "tma", "tmasmem"])
+@pytest.mark.parametrize("choice", ["", "old", "tma"], ids=["default", "old", "tma"])
 def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choice):
-    """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 register form at
-    9-64 rows (sm_90a builds: x tiles of 16/32/64 rows, the 8-bit weights widened into wgmma's A registers) and the
-    mma.sync kernel at 1-8 and past 64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel everywhere, =tma the
-    register form at 1-64 (its 8-row tile too), =tmasmem the shared-memory W8 form (the 8-bit box widened in shared
-    memory) at 1-64. Rows at each tile's edges, K ending inside a 128-wide stage (80, 2064) and over several splits, N not a
-    multiple of the 64-column tile; within the 2x rule of eager; the same result on every call; every 8-bit value
+    """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 form at 9-64 rows
+    and at 1-8 where K >= 4096 (sm_90a builds: x tiles of 8/16/32/64 rows, the 8-bit weights widened into wgmma's A
+    registers) and the mma.sync kernel elsewhere and past 64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel
+    everywhere, =tma the TMA form at 1-64. Rows at each tile's edges, K ending inside a 128-wide stage (80, 2064) and
+    over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the same result on every call; every 8-bit value
     widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
     p = table.by_id(rule)
     with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
@@ -732,23 +731,24 @@ def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choi
 
 
 def test_decode_8bit_weight_only_tma_form_runs_where_built():
-    """On an sm_90 device (an sm_90a build) both 8-bit weight-only ops run the TMA kernel by default at 9 and 32 rows
-    and with FUSEKIT_DECODE_GEMM=tma at 1, the mma.sync kernel by default at 1 and 8 rows and with
-    FUSEKIT_DECODE_GEMM=old at 32: the kernels' names in the profile."""
+    """On an sm_90 device (an sm_90a build) both 8-bit weight-only ops run the TMA kernel by default at 9 and 32 rows,
+    at 1 and 8 rows where K >= 4096, and with FUSEKIT_DECODE_GEMM=tma at 1; the mma.sync kernel by default at 1 and 8
+    rows with K = 2048 and with FUSEKIT_DECODE_GEMM=old at 32: the kernels' names in the profile."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA decode-linear kernel is built for sm_90a only")
     for rule in W8_RULES:
         p = table.by_id(rule)
         tma, mma = "decode_linear_tma_kernel", "decode_linear_w8_kernel"
-        for m, choice, kernel in ((9, "", tma), (32, "", tma), (1, "tma", tma), (32, "tmasmem", tma), (1, "", mma),
-                                  (8, "", mma), (32, "old", mma)):
-            args = p.make_args((m, 2048, 512), torch.bfloat16, "cuda")
+        for m, k, choice, kernel in ((9, 2048, "", tma), (32, 2048, "", tma), (1, 2048, "tma", tma),
+                                     (1, 5632, "", tma), (8, 4096, "", tma), (1, 2048, "", mma), (8, 2048, "", mma),
+                                     (1, 4080, "", mma), (32, 2048, "old", mma)):
+            args = p.make_args((m, k, 512), torch.bfloat16, "cuda")
             with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     _run(p, args)
                     torch.cuda.synchronize()
             names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            assert any(kernel in n for n in names), (rule, m, choice, names)
+            assert any(kernel in n for n in names), (rule, m, k, choice, names)
 
 
 def _has_torchao() -> bool:

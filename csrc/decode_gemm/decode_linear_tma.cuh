@@ -22,16 +22,14 @@
 // rows (128 k per box, not 64), wgmma m64nXk32 e4m3 (native on sm_90a, K-major as here), and each partial sum
 // times x's row scale and the weight's column scale before the cluster's sum.
 //
-// W8: the 8-bit weight-only forms (decode_linear_w8.cuh; 1: int8, 2: e4m3 with float32 row scales). A stage is the
-// 16-bit form's two 64-wide k boxes (KB = 2), but the weights arrive as one 8-bit box of 128 k in the second half of
-// their 16 KB; the consumers read it into registers, widen it (widen8.cuh: int8 exactly, e4m3 times its row's scale
-// rounded once) and write the two 16-bit boxes over it, swizzled as TMA would have, before the products. The
-// 8-bit weight is read from HBM once (half the 16-bit bytes) and x is staged once per CTA, where the mma.sync kernel
-// re-read x for every 16 columns. int8's column scale multiplies the sums before the cluster's sum.
-// WR, the W8 register form: a stage is the 8-bit box and x's two boxes only; each consumer thread reads its A
-// fragments' weights (two rows, 4 bytes of each 16 k) out of the 8-bit box, widens them in registers and wgmma
-// takes A from registers (wgmma_rs.cuh): no widened copy in shared memory, no barrier between the consumers, and
-// the next stage is widened while the tensor cores multiply this one (two fragment sets, wait_group 1).
+// W8: the 8-bit weight-only form (decode_linear_w8.cuh; 1: int8, 2: e4m3 with float32 row scales). A stage is one
+// 8-bit box of the weights (128 k) and x's two 64-wide boxes (KB = 2). Each consumer thread reads its wgmma A
+// fragments' weights (two rows, 4 of each 16 k) out of the 8-bit box, widens them in registers (widen8.cuh: int8
+// exactly, e4m3 times its row's scale rounded once) and wgmma takes A from registers (wgmma_rs.cuh), x from shared
+// memory; the next stage is widened while the tensor cores multiply this one (two fragment sets, wait_group 1). The
+// 8-bit weight is read from HBM once (half the 16-bit bytes), never widened in shared memory, and x is staged once
+// per CTA, where the mma.sync kernel re-reads x for every 16 columns. int8's column scale multiplies the sums before
+// the cluster's sum.
 #pragma once
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda.h>
@@ -51,8 +49,8 @@
 #include "launch.cuh"  // sm_count, opt_in_smem, launch_ex
 #include "mbarrier.cuh"  // mbar_*, smem_u32
 #include "pdl.cuh"
-#include "wgmma_rs.cuh"  // WR: wgmma_rs_k16
-#include "widen8.cuh"  // W8: widen16, widen_rows2
+#include "wgmma_rs.cuh"  // W8: wgmma_rs_k16
+#include "widen8.cuh"  // W8: widen_rows2
 
 namespace fusekit {
 namespace decode_gemm {
@@ -82,9 +80,9 @@ template <bool F8>
 __host__ __device__ constexpr int tma_box_k() { return F8 ? 2 * kTmaBK : kTmaBK; }
 
 // A stage: KB (1 or 2) 64-wide k boxes of each weight's 64 rows and of x's MX rows (each box 128-byte rows,
-// 1024-aligned); WR: the 8-bit weights' one box of 64 rows, then x's KB boxes.
-__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb, bool wr = false) {
-  return wr ? (kTmaCols + mx * kb) * kTmaBK * 2 : (nw * kTmaCols + mx) * kTmaBK * 2 * kb;
+// 1024-aligned); W8: the 8-bit weights' one box of 64 rows, then x's KB boxes.
+__host__ __device__ constexpr int tma_stage_bytes(int nw, int mx, int kb, bool w8 = false) {
+  return w8 ? (kTmaCols + mx * kb) * kTmaBK * 2 : (nw * kTmaCols + mx) * kTmaBK * 2 * kb;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -203,17 +201,15 @@ __device__ __forceinline__ void wgmma_e4m3_k32(float (&d)[32], uint64_t a, uint6
 // e4m3 (T: the output's type). NORM (KB = 1, 16-bit): x is h; the consumers turn each stage's x box into
 // T(h * w_norm) in place (adding up h^2 of their rows) before its products, and the epilogue scales by the rows'
 // RMSNorm factors (decode_linear.cuh's RMSNorm section).
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0, bool WR = false>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0>
 __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(!NORM || (KB == 1 && !F8), "the RMSNorm form reads one 16-bit x box per stage");
-  static_assert(W8 == 0 || (NW == 1 && KB == 2 && !F8 && !NORM), "the 8-bit weight box is widened into two 16-bit ones");
-  static_assert(!WR || W8 != 0, "the register form is the 8-bit weights'");
+  static_assert(W8 == 0 || (NW == 1 && KB == 2 && !F8 && !NORM), "one 8-bit weight box of 128 k, two 16-bit x boxes");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = tma_box_k<F8>();  // k per box
-  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB, WR), SK = KB * BK;
-  constexpr int XO = WR ? WB : NW * KB * WB;  // x's boxes in a stage
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB, W8 != 0), SK = KB * BK;
+  constexpr int XO = W8 ? WB : NW * KB * WB;  // x's boxes in a stage (W8: after the 8-bit box, 64 rows x 128 bytes)
   constexpr int R = MX / 2;  // accumulators per thread and weight
-  constexpr int TX = W8 && !WR ? SB - WB : SB;  // bytes a stage's copies bring (W8: the 8-bit box is half of WB x 2)
   const Params& p = tp.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -252,7 +248,7 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const auto weights = [&](int i) {
         unsigned char* st = smem + (i % ns) * SB;
         if constexpr (W8 != 0) {
-          tma_load(st + (WR ? 0 : WB), wm[0], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
+          tma_load(st, wm[0], (kb0 + i) * SK, n0, full + i % ns);  // 128 k of 8-bit weights
         } else {
 #pragma unroll
           for (int w = 0; w < NW; ++w)
@@ -269,22 +265,22 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
         }
       };
       if (tp.early) {  // the weights of the first stages: no kernel before writes them
-        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, TX), weights(i);
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i);
         pdl_wait();
         for (int i = 0; i < pre; ++i) xs(i);
       } else {
         pdl_wait();
-        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, TX), weights(i), xs(i);
+        for (int i = 0; i < pre; ++i) mbar_expect_tx(full + i, SB), weights(i), xs(i);
       }
       for (int i = pre; i < nk; ++i) {
         mbar_wait(empty + i % ns, (i / ns - 1) & 1);  // the stage's last use is consumed
-        mbar_expect_tx(full + i % ns, TX);
+        mbar_expect_tx(full + i % ns, SB);
         weights(i);
         xs(i);
       }
     }
     __syncwarp();
-  } else if constexpr (WR) {  // consumers, the W8 register form
+  } else if constexpr (W8 != 0) {  // consumers, the 8-bit weight-only form
     const int g = lane / 4, t = lane % 4, r0 = 16 * warp + g;  // this thread's A rows: r0, r0 + 8 of the tile
     float s0 = 1.f, s8 = 1.f;  // e4m3: their scales (not written by the kernels before: read ahead of the wait)
     if constexpr (W8 == 2) {
@@ -341,15 +337,6 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       const T* line = static_cast<const T*>(p.residual) + static_cast<int64_t>(threadIdx.x) * part_of(p.n, j) + n0;
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
     }
-    // W8: this thread's four 16-byte chunks of the 8-bit box are rows threadIdx / 8 + 16 q; e4m3: their scales
-    float wsr[W8 ? 4 : 1] = {};
-    if constexpr (W8 == 2) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int row = n0 + threadIdx.x / 8 + 16 * q;
-        wsr[q] = row < p.n[0] ? static_cast<const float*>(tp.w8_scale)[row] : 0.f;
-      }
-    }
     for (int i = 0; i < nk; ++i) {
       const int s = i % ns;
       uint4 g = make_uint4(0, 0, 0, 0);
@@ -360,23 +347,6 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       }
       mbar_wait(full + s, (i / ns) & 1);
       unsigned char* st = smem + s * SB;
-      if constexpr (W8 != 0) {
-        uint4 q8[4];  // 16-byte chunk e = threadIdx + 128 q of the 8-bit box: row e / 8, k chunk (e % 8) ^ (row % 8)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) q8[q] = reinterpret_cast<const uint4*>(st + WB)[threadIdx.x + 128 * q];
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every read of the 8-bit box before the writes over it
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int r = threadIdx.x / 8 + 16 * q, c = (threadIdx.x % 8) ^ (r % 8);  // k [16 c, 16 c + 16)
-          uint4 lo, hi;
-          decode_w8::widen16<T, W8 == 2>(q8[q], wsr[q], lo, hi);
-          unsigned char* row = st + (c / 4) * WB + r * 128;  // 16-bit box c / 4, its 16-byte chunks 2 (c % 4) (+1)
-          *reinterpret_cast<uint4*>(row + ((2 * (c % 4)) ^ (r % 8)) * 16) = lo;
-          *reinterpret_cast<uint4*>(row + ((2 * (c % 4) + 1) ^ (r % 8)) * 16) = hi;
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, before wgmma reads them
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");
-      }
       if constexpr (NORM) {
 #pragma unroll
         for (int q = 0; q < (MX * 8 + 127) / 128; ++q) {
@@ -582,7 +552,7 @@ int tma_max_clusters(K* kernel, int s, size_t smem) {
 // times each CTA's k blocks plus a fixed ~3 (the ring's first fill, the cluster's barriers and reduction)); false,
 // launching nothing, where this build or driver has no TMA kernel or a map cannot be encoded.
 // F8: p.x is x's e4m3 copy, p.w the e4m3 weights, and `scales` (x's rows', then each weight's columns') set.
-template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0, bool WR = false>
+template <typename T, int MX, int NW, int KB, bool F8 = false, bool NORM = false, int W8 = 0>
 bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool early, int stages, int max_splits,
                      const TmaParams* scales = nullptr) {
   using E = std::conditional_t<F8, __nv_fp8_e4m3, T>;                 // x's element
@@ -599,9 +569,9 @@ bool launch_tma_rows(const Params& p, cudaStream_t stream, int splits, bool earl
     if (!weight_map<EW>(&tp.wmap[i], p.w[i], p.n[NW == 2 ? 0 : i], p.k)) return false;
   }
   if (!encode_map<E>(&tp.xmap, p.x, p.m, p.k, MX)) return false;
-  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8, WR>;
-  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8, WR>>(kTmaSmemMax);
-  constexpr int SB = tma_stage_bytes(NW, MX, KB, WR);
+  auto* kernel = decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>;
+  opt_in_smem<decode_linear_tma_kernel<T, MX, NW, KB, F8, NORM, W8>>(kTmaSmemMax);
+  constexpr int SB = tma_stage_bytes(NW, MX, KB, W8 != 0);
   constexpr int SK = KB * tma_box_k<F8>();
   const int kblocks = (p.k + SK - 1) / SK;
   int s = std::min({splits, kTmaMaxSplits, kblocks});
@@ -645,8 +615,8 @@ bool launch_tma_fp8(const Params& p, const TmaParams& scales, cudaStream_t strea
 
 // The W8 kernel (8-bit weight-only; W8 1: int8 with [N] scales of T, 2: e4m3 with [N] float32 scales) at 1-64 rows,
 // N a multiple of 8 (the epilogue's column pairs); early weight tiles and at most 4 splits above 8 rows, as the
-// 16-bit kernel in a decode step; WR: the register form. False, launching nothing, as launch_tma_rows.
-template <typename T, int W8, bool WR>
+// 16-bit kernel in a decode step. False, launching nothing, as launch_tma_rows.
+template <typename T, int W8>
 bool launch_tma_w8(const Params& p, const void* w_scale, cudaStream_t stream) {
   if (p.n[0] % 8 != 0) return false;
   TmaParams s{};
@@ -654,7 +624,7 @@ bool launch_tma_w8(const Params& p, const void* w_scale, cudaStream_t stream) {
   const bool early = p.m > 8;
   const int ms = p.m > 8 ? 4 : kTmaMaxSplits;
   return with_rows_tile(p, [&](auto mx) {
-    return launch_tma_rows<T, decltype(mx)::value, 1, 2, false, false, W8, WR>(p, stream, 0, early, 0, ms, &s);
+    return launch_tma_rows<T, decltype(mx)::value, 1, 2, false, false, W8>(p, stream, 0, early, 0, ms, &s);
   });
 }
 

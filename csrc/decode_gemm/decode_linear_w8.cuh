@@ -3,13 +3,12 @@
 // weight-only, Float8WeightOnlyConfig: each weight scaled and rounded to x's dtype before them). The 8-bit weight is
 // read once and widened on chip, never written back to HBM as a 16-bit copy.
 //
-// On sm_90a builds, at 9-64 rows, the TMA kernel's W8 form runs (decode_linear_tma.cuh: x staged once per CTA, the
-// widened weights multiplied on wgmma; launch_rows below says why not at 1-8). This file's mma.sync kernel runs
-// elsewhere. Its CTA is decode_linear_kernel's (decode_linear.cuh): 8 warps, 8 NB output columns, all of K, 16 MT
-// rows. A lane
-// loads 16 weights of each of its NB weight rows at once (k [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of
-// its x rows; widen16 (widen8.cuh) turns the weights into 16-bit operands; two m16n8k16 pairs take them
-// (mma_chunk: x and w in the same k order).
+// On sm_90a builds, at 9-64 rows and at 1-8 rows with K >= 4096, the TMA kernel's W8 form runs (decode_linear_tma.cuh:
+// x staged once per CTA, the weights widened into wgmma's A registers; launch_rows below says why not at 1-8 rows and a
+// smaller K). This file's mma.sync kernel runs elsewhere. Its CTA is decode_linear_kernel's (decode_linear.cuh): 8
+// warps, 8 NB output columns, all of K, 16 MT rows. A lane loads 16 weights of each of its NB weight rows at once (k
+// [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of its x rows; widen16 (widen8.cuh) turns the weights into
+// 16-bit operands; two m16n8k16 pairs take them (mma_chunk: x and w in the same k order).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -144,24 +143,23 @@ void launch(const W8Params& p, cudaStream_t stream) {
             pdl_allowed(version, 'g'), 0, p);
 }
 
-// sm_90a builds, 9-64 rows, N a multiple of 8: the TMA kernel's W8 form (decode_linear_tma.cuh); FUSEKIT_DECODE_GEMM
-// =tma takes it at 1-8 rows too, =old never. H200, e4m3, Llama-style, op alone, cold weights, us, this kernel -> TMA:
-// 32 rows o 7.9 -> 7.0, gate 14.7 -> 9.6, down 19.0 -> 13.3; 1 row o 4.8 -> 5.6, gate 6.7 -> 8.6, down 12.6 -> 10.1
-// (at one row the widening pass in shared memory costs more than x's re-reads). Else this file's kernel, its tiles
+// sm_90a builds, N a multiple of 8, 9-64 rows or 1-8 rows with K >= 4096: the TMA kernel's W8 form
+// (decode_linear_tma.cuh); FUSEKIT_DECODE_GEMM=tma takes it at every 1-64 rows, =old never. H200, e4m3, Llama-style,
+// op alone, cold weights, us, this kernel -> TMA (2026-12-03): 32 rows o 8.0 -> 5.6, gate 14.8 -> 8.7, down 19.1 ->
+// 10.7; 1 row down (K 5632) 12.6 -> 8.7, but o 4.8 -> 5.1 and gate 6.7 -> 7.5 (K 2048: at one row a CTA's fixed
+// cost, the ring's first fill and the cluster's sum, is more than x's re-reads). Else this file's kernel, its tiles
 // by row count: M <= 8 one 8-row half tile, <= 16 one tile, <= 32 two, else four (two column tiles a CTA up to 32
 // rows).
 template <bool FP8>
 void launch_rows(const W8Params& p, at::ScalarType dtype, cudaStream_t stream) {
   dispatch_half_bf16(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const auto o = debug::decode_gemm_override();
-    if (o.kernel == 2 || (o.kernel == -1 && p.m > 8)) {
+    const int forced = debug::decode_gemm_override().kernel;
+    if (forced == 2 || (forced == -1 && (p.m > 8 || p.k >= 4096))) {
       decode_gemm::Params q{};
       q.x = p.x, q.w[0] = p.w, q.out[0] = p.out, q.n[0] = p.n, q.parts = 1, q.m = p.m, q.k = p.k;
       q.act = decode_gemm::kNoAct;
-      const bool done = o.w8_smem ? decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1, false>(q, p.scales, stream)
-                                  : decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1, true>(q, p.scales, stream);
-      if (done) return;
+      if (decode_gemm::launch_tma_w8<T, FP8 ? 2 : 1>(q, p.scales, stream)) return;
     }
     if (p.m <= 8) return launch<T, 1, 2, false, FP8>(p, stream);
     if (p.m <= 16) return launch<T, 1, 2, true, FP8>(p, stream);

@@ -1,5 +1,5 @@
 // wgmma with the A operand (the 64 weight rows) in registers: m64nXk16, 16-bit A and B, float32 sums. The W8
-// register form of the TMA decode-linear kernel (decode_linear_tma.cuh) widens each 8-bit weight straight into A's
+// form of the TMA decode-linear kernel (decode_linear_tma.cuh) widens each 8-bit weight straight into A's
 // registers; B (x) stays a shared-memory descriptor. A's fragment per warp of the warpgroup (rows 16 warp ..
 // 16 warp + 15) is mma.sync m16n8k16's: a[0] row g, k 2t, 2t + 1; a[1] row g + 8; a[2] row g, k 2t + 8, 2t + 9; a[3]
 // row g + 8 (g = lane / 4, t = lane % 4). Immediates: scale-a, scale-b 1, B not transposed (K-major).
