@@ -707,8 +707,8 @@ def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choi
     and at 1-8 where K >= 4096 (sm_90a builds: x tiles of 8/16/32/64 rows, the 8-bit weights widened into wgmma's A
     registers) and the mma.sync kernel elsewhere and past 64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel
     everywhere, =tma the TMA form at 1-64. Rows at each tile's edges, K ending inside a 128-wide stage (80, 2064) and
-    over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the same result on every call; every 8-bit value
-    widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
+    over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the same result on
+    every call; every 8-bit value widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
     p = table.by_id(rule)
     with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
         for m in (1, 8, 9, 16, 17, 32, 33, 64, 70):

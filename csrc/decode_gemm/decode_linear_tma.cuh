@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
   static_assert(W8 == 0 || (NW == 1 && KB == 2 && !F8 && !NORM), "one 8-bit weight box of 128 k, two 16-bit x boxes");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = tma_box_k<F8>();  // k per box
-  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SB = tma_stage_bytes(NW, MX, KB, W8 != 0), SK = KB * BK;
+  constexpr int WB = kTmaCols * kTmaBK * 2, XB = MX * kTmaBK * 2, SK = KB * BK;
+  constexpr int SB = tma_stage_bytes(NW, MX, KB, W8 != 0);
   constexpr int XO = W8 ? WB : NW * KB * WB;  // x's boxes in a stage (W8: after the 8-bit box, 64 rows x 128 bytes)
   constexpr int R = MX / 2;  // accumulators per thread and weight
   const Params& p = tp.p;
@@ -297,7 +298,8 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const uint32_t c = (kk ^ g) * 16;
-        const uint32_t lo = lds_u16(w0 + c) | lds_u16(w8 + c) << 16, hi = lds_u16(w0 + c + 8) | lds_u16(w8 + c + 8) << 16;
+        const uint32_t lo = lds_u16(w0 + c) | lds_u16(w8 + c) << 16;          // k 2t, 2t + 1 of rows r0, r0 + 8
+        const uint32_t hi = lds_u16(w0 + c + 8) | lds_u16(w8 + c + 8) << 16;  // k 2t + 8, 2t + 9
         decode_w8::widen_rows2<T, W8 == 2>(lo, s0, s8, a[kk][0], a[kk][1]);
         decode_w8::widen_rows2<T, W8 == 2>(hi, s0, s8, a[kk][2], a[kk][3]);
       }
@@ -306,7 +308,8 @@ __global__ void __launch_bounds__(kTmaThreads) decode_linear_tma_kernel(const __
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        wgmma_rs_k16<std::is_same_v<T, __nv_bfloat16>>(acc[0], a[kk], smem_desc(st + XO + (kk / 4) * XB) + 2 * (kk % 4));
+        const uint64_t xd = smem_desc(st + XO + (kk / 4) * XB) + 2 * (kk % 4);  // x box kk / 4, its k16 step kk % 4
+        wgmma_rs_k16<std::is_same_v<T, __nv_bfloat16>>(acc[0], a[kk], xd);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     };
