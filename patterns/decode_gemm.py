@@ -67,10 +67,10 @@ MAX_ROWS = {"gate_up_silu": 8, "qkv": 64, "linear": 32, "linear_w8": 64, "linear
 # int8 x int8 (linear_w8a8, an mma.sync kernel on every build): 32 (H200, at 64 rows gate and down 0.53x / 0.93x)
 MAX_ROWS_TMA = {"gate_up_silu": 64, "qkv": 64, "linear": 64, "linear_w8": 64, "linear_fp8": 64,
                 "linear_w8a8": 32, "linear_int8dyn": 32, "linear_fp8_weight": 64}
-# fp8 weight-only (linear_fp8_weight, the int8 weight-only kernels: the TMA kernel's W8 form at 9-64 rows on sm_90a
-# and at 1-8 where K >= 4096, else mma.sync): 64 on the W8 form (H200, op alone, Llama-style, cold weights, 64 rows:
-# o 6.8 / gate 10.0 / down 12.4 us against Inductor's 12.1 / 16.8 / 19.1, 2026-12-03); elsewhere 32: at 64 rows the mma.sync kernel ran at 0.35x cuBLAS on
-# a 16-bit weight (int8, op alone: gate 2048x5632 27.2 us against 9.6)
+# fp8 weight-only (linear_fp8_weight, the int8 weight-only kernels: the TMA kernel's W8 form at 9-64 rows on sm_90a and
+# at 1-8 where K >= 4096, else mma.sync): 64 on the W8 form (H200, op alone, Llama-style, cold weights, 64 rows: o 6.8 /
+# gate 10.0 / down 12.4 us against Inductor's 12.1 / 16.8 / 19.1, 2026-12-03); elsewhere 32: at 64 rows the mma.sync
+# kernel ran at 0.35x cuBLAS on a 16-bit weight (int8, op alone: gate 2048x5632 27.2 us against 9.6)
 MAX_PLAIN_N = 4096  # the widest weight a one-weight linear with no activation fires for (narrow_weight)
 WIDE_ONE_ROW_K = 4096  # ... except at one row with at least this K (narrow_weight)
 

@@ -1,8 +1,8 @@
 // 8-bit weights widened to 16-bit MMA operands in registers, shared by the 8-bit weight-only decode kernels:
 // decode_linear_w8.cuh's mma.sync kernel (widen16) and decode_linear_tma.cuh's W8 form (widen_rows2: wgmma's A
-// fragments). int8 values become 16-bit exactly (fp16: the 0x6400 exponent trick, no
-// conversion instruction; bf16: through float32's 0x4B000000); e4m3 values go through half (exact) times the weight
-// row's float32 scale, rounded once, as torchao's dequantization does.
+// fragments). int8 values become 16-bit exactly (fp16: the 0x6400 exponent trick, no conversion instruction; bf16:
+// through float32's 0x4B000000); e4m3 values go through half (exact) times the weight row's float32 scale, rounded
+// once, as torchao's dequantization does.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
