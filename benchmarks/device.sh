@@ -8,7 +8,8 @@
 # Phases (run in this order, whichever are named):
 #   install    pip-install the carried wheels in .whl/ if there are any (the CUTLASS headers travel as
 #              .whl/nvidia_cutlass-*.whl), then fusekit itself (editable, no deps, no build isolation);
-#              restore a carried kernel/pattern cache (.fkc/fkc.tgz) into $FUSEKIT_CACHE; then
+#              restore a carried kernel/pattern cache (.fkc/fkc.tgz, or its parts .fkc/fkc.tgz.NN) into
+#              $FUSEKIT_CACHE; then
 #              `python3 -m fusion_backend.build` (kernels for this GPU + traced rules), timed.
 #   tests      the GPU test suite: pytest tests -m "gpu and not packaging" (log: $OUT/pytest_gpu.log); TESTS_ARGS
 #              replaces the arguments after pytest's -q, e.g. TESTS_ARGS="tests/test_decode_gpu.py"
@@ -27,13 +28,21 @@
 #              --batches 32,1 --rounds 3 (COMPILE_ARGS replaces the arguments; $OUT/compile/)
 #
 # Environment: PHASES (when no phase is given as an argument), OUT (default /tmp/fusekit_out; every log and
-# result goes there), FUSEKIT_CACHE (default /tmp/fkc), DEADLINE (seconds from the start, default 570: every
+# result goes there; where that makes more than 8 files, the logs are packed into logs.tgz), FUSEKIT_CACHE
+# (default /tmp/fkc), DEADLINE (seconds from the start, default 570: every
 # step runs under `timeout` against it, so the summary always prints within a 600 s call), MAX_JOBS (kernel
 # build jobs, default 8: 240-290 s on an H200 machine's 16 cores; one call that built with 16 stopped answering,
 # 2026-12-03). Expects python3 with torch, triton and transformers installed. Without the install
 # phase, fusekit must already be installed (an earlier call on the same machine).
-# At the end the kernel/pattern cache is packed into $OUT/fkc.tgz (no object files, ninja files or locks):
-# carry it back as .fkc/fkc.tgz and the next call's install skips the build. The summary (GPU, versions,
+# At the end, where this call built or traced something, the kernel/pattern cache is packed (no object files, ninja
+# files or locks) into $OUT/fkc.tgz.00, .01, ... (15 MiB parts: a file over 16 MiB does not come back from the
+# device tool): carry them back in .fkc/ and the next call's install skips the build (PACK=0: never pack).
+# The kernels need no GPU to build: on the CPU machine, in a venv with the GPU machine's torch (the same version
+# and CUDA build, e.g. torch==2.11.0, whose PyPI wheel is +cu130), ninja and the CUTLASS wheel, run
+#   FUSEKIT_CACHE=/tmp/fkc python -m fusion_backend.build --arch 9.0a \
+#     && mkdir -p .fkc && tar czf .fkc/fkc.tgz --exclude="*.o" --exclude="*.ninja*" --exclude=lock -C /tmp/fkc .
+# and carry .fkc (the build's folder name covers torch's and CUDA's versions, the arch, the sources and the CUTLASS
+# version, not where anything is installed). The summary (GPU, versions,
 # build time, test result, the decode table) is printed last.
 set -uo pipefail
 
@@ -73,8 +82,9 @@ if has install; then
     run_step "carried wheels ($(ls .whl/*.whl | xargs -n1 basename | tr '\n' ' '))" "$OUT/install_wheels.log" \
       python3 -m pip install -q --no-deps .whl/*.whl
   fi
-  if [ -f .fkc/fkc.tgz ]; then
-    mkdir -p "$FUSEKIT_CACHE" && tar xzf .fkc/fkc.tgz -C "$FUSEKIT_CACHE" && note "cache restored from .fkc/fkc.tgz into $FUSEKIT_CACHE"
+  if ls .fkc/fkc.tgz* > /dev/null 2>&1; then
+    mkdir -p "$FUSEKIT_CACHE" && cat .fkc/fkc.tgz* | tar xz -C "$FUSEKIT_CACHE" \
+      && note "cache restored from $(ls .fkc/fkc.tgz* | tr '\n' ' ')into $FUSEKIT_CACHE"
   fi
   # FUSEKIT_BUILD_EXT=0: the install stays pure Python, so that the build below is timed on its own
   FUSEKIT_BUILD_EXT=0 run_step "pip install -e ." "$OUT/install.log" \
@@ -133,9 +143,18 @@ if has compile; then
     ${COMPILE_ARGS:---models llama --phases decode --modes reduce-overhead --batches 32,1 --rounds 3} --out "$OUT/compile"
 fi
 
-if [ -d "$FUSEKIT_CACHE" ]; then
-  (cd "$FUSEKIT_CACHE" && tar czf "$OUT/fkc.tgz" --exclude="*.o" --exclude="*.ninja*" --exclude=lock .) \
-    && note "kernel/pattern cache packed: $OUT/fkc.tgz ($(du -h "$OUT/fkc.tgz" | cut -f1); carry it as .fkc/fkc.tgz)"
+# pack the cache only where this call added to it (a file newer than the call's start)
+if [ "${PACK:-1}" != 0 ] && [ -d "$FUSEKIT_CACHE" ] \
+   && [ -n "$(find "$FUSEKIT_CACHE" -type f -newermt "@$T0" -print -quit)" ]; then
+  (cd "$FUSEKIT_CACHE" && tar czf - --exclude="*.o" --exclude="*.ninja*" --exclude=lock . \
+     | split -b 15M -d - "$OUT/fkc.tgz.") \
+    && note "kernel/pattern cache packed: $(cd "$OUT" && ls fkc.tgz.* | tr '\n' ' ')($(cat "$OUT"/fkc.tgz.* | wc -c)" \
+      "bytes; carry them in .fkc/)"
+fi
+
+# the device tool returns at most 8 files: past that, the logs travel as one archive
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ] && ls "$OUT"/*.log > /dev/null 2>&1; then
+  (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log) && note "logs packed into $OUT/logs.tgz"
 fi
 
 echo

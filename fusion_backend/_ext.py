@@ -129,7 +129,11 @@ def build_dir(root: pathlib.Path, arch: str) -> pathlib.Path:
     for f in sorted(p for p in root.rglob("*") if p.suffix in (".cu", ".h", ".cuh")):
         h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
     h.update(repr((CXX_FLAGS, CUDA_FLAGS, torch.__version__, torch.version.cuda, arch,
-                   [f.relative_to(root).as_posix() for f in sources(root, arch)], cutlass_include())).encode())
+                   [f.relative_to(root).as_posix() for f in sources(root, arch)])).encode())
+    # the CUTLASS headers by their version, not their path: a build made in one environment (a CPU machine's venv
+    # with the GPU machine's torch) is found in another
+    inc = cutlass_include()
+    h.update((pathlib.Path(inc[0]) / "cutlass" / "version.h").read_bytes() if inc else b"no-cutlass")
     cache = pathlib.Path(os.environ.get("FUSEKIT_CACHE", "~/.cache/fusekit")).expanduser()
     return cache / f"torch{torch.__version__}-cu{torch.version.cuda}-sm{arch}-{h.hexdigest()[:16]}"
 

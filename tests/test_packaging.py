@@ -67,3 +67,26 @@ def test_a_cpu_install_pulls_no_cuda_only_packages():
     assert "nvidia-cutlass" in cuda and "ninja" in cuda
     assert not any("cutlass" in d or "cuda" in d for k, ds in project["optional-dependencies"].items()
                    if k != "cuda" for d in ds)
+
+
+def _fake_cutlass(root: pathlib.Path, version: str) -> pathlib.Path:
+    (root / "include" / "cutlass").mkdir(parents=True)
+    (root / "include" / "cutlass" / "cutlass.h").write_text("// fake\n")
+    (root / "include" / "cutlass" / "version.h").write_text(f"#define CUTLASS_VERSION {version}\n")
+    return root
+
+
+def test_kernel_build_folder_names_the_cutlass_version_not_its_path(tmp_path, monkeypatch):
+    """A kernel build made in one environment (a CPU machine's venv with the GPU machine's torch) is found in
+    another: the build's folder depends on the CUTLASS headers' version, not on where they are installed."""
+    from fusion_backend import _ext
+
+    root = _ext.csrc_dir()
+    monkeypatch.setenv("FUSEKIT_CACHE", str(tmp_path / "cache"))
+    names = {}
+    for where, version in (("a", "420"), ("b", "420"), ("c", "430")):
+        monkeypatch.setenv("CUTLASS_PATH", str(_fake_cutlass(tmp_path / where, version)))
+        assert _ext.cutlass_include()[0] == str(tmp_path / where / "include")
+        names[where] = _ext.build_dir(root, "9.0a").name
+    assert names["a"] == names["b"]
+    assert names["a"] != names["c"]
