@@ -296,3 +296,27 @@ def test_decode_profile_timeline_and_report(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a GPU"):
             cli.main(["profile", "--phase", "decode"])
+
+
+@pytest.mark.slow
+def test_prefill_bench_runs_the_model_quantized_by_torchao(tmp_path, monkeypatch):
+    """`fusekit bench --phase prefill --quant Q`: every mode runs the model after torchao's quantize_ (its linears'
+    weights torchao tensors, not parameters), and the table names the configuration (CPU: tiny Llama, eager and
+    fusekit's references)."""
+    pytest.importorskip("torchao")
+    from fusion_backend.tools import e2e
+
+    seen = []
+    real = models.quantize
+
+    def quantize(model, quant):
+        real(model, quant)
+        seen.append((quant, type(model.model.layers[0].mlp.down_proj.weight).__name__))
+
+    monkeypatch.setattr(models, "quantize", quantize)
+    res = e2e.run_model("llama", ("eager", "fusekit"), "cpu", log=lambda s: None, quant="int8-weight-only")
+    assert seen and seen[0][0] == "int8-weight-only" and seen[0][1] != "Parameter", seen
+    assert res["quant"] == "int8-weight-only"
+    assert res["modes"]["fusekit"]["max_rel_err_vs_eager"] < 1e-3, res["modes"]["fusekit"]
+    md = e2e.markdown([res], {**e2e.environment(), "quant": "int8-weight-only", "torchao": "0.18.0"})
+    assert "| llama (int8-weight-only) |" in md and "Int8WeightOnlyConfig" in md, md

@@ -66,7 +66,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
         from . import flow
 
-        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache", "enable") if getattr(a, k)]
+        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache", "enable", "quant") if getattr(a, k)]
         if ignored:
             print(f"note: {', '.join(ignored)} only apply on a GPU; the CPU flow check runs eager and fusekit",
                   file=sys.stderr)
@@ -74,7 +74,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
                    ints(a.positions), a.generate, log=lambda s: print(s, flush=True))
         return 0
     if "prefill" in phases:
-        e2e.bench(names, modes, pathlib.Path(a.out), None, _dtype(a.dtype), a.batch, a.seq, grad_modes)
+        e2e.bench(names, modes, pathlib.Path(a.out), None, _dtype(a.dtype), a.batch, a.seq, grad_modes, a.quant)
     if "decode" in phases:
         from . import decode_bench
 
@@ -310,7 +310,7 @@ def parser() -> argparse.ArgumentParser:
                    "(options={'enable': [...]}), e.g. decode.mha")
     b.add_argument("--quant", default=None,
                    choices=("int8-weight-only", "int8-dynamic", "fp8-rowwise", "fp8-weight-only"),
-                   help="decode, GPU: the model quantized with torchao first (pip install fusekit[quant]); "
+                   help="GPU, decode and prefill: the model quantized with torchao first (pip install fusekit[quant]); "
                         "int8-weight-only: Int8WeightOnlyConfig; int8-dynamic: Int8DynamicActivationInt8WeightConfig "
                         "(its linears fused with x's quantization up to 32 rows); fp8-rowwise: "
                         "Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), sm_89+; fp8-weight-only: "

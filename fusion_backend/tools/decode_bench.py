@@ -21,6 +21,7 @@ import torch
 from .. import stats
 from .. import build
 from . import models
+from .models import QUANT, quantize
 from ..backend import backend as fusekit_backend
 from ..report import Report, near_miss_groups, no_compile_caches
 from .cuda_graphs import capture
@@ -62,19 +63,6 @@ def cache_restorer(cache: Any) -> Callable[[], None]:
             layer.cumulative_length_int = i
 
     return restore
-
-
-# torchao configurations `--quant` names (torchao is optional: fusekit[quant])
-QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "int8-dynamic": "Int8DynamicActivationInt8WeightConfig",
-         "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig", "fp8-weight-only": "Float8WeightOnlyConfig"}
-
-
-def quantize(model: Any, quant: str) -> None:
-    """torchao's quantize_ with the configuration `quant` names, in place (fp8-rowwise: per-row scales, PerRow)."""
-    import torchao.quantization as tq
-
-    config = getattr(tq, QUANT[quant])
-    tq.quantize_(model, config(granularity=tq.PerRow()) if quant == "fp8-rowwise" else config())
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

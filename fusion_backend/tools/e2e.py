@@ -86,11 +86,14 @@ def grad_context(grad_mode: str) -> Any:
 
 def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype | None = None,
               batch: int | None = None, seq: int | None = None, log: Callable[[str], None] = print,
-              grad_mode: str = "inference") -> dict:
+              grad_mode: str = "inference", quant: str | None = None) -> dict:
+    """One model's forward under each mode; `quant`: quantized by torchao first (models.QUANT), every mode alike."""
     cpu = device == "cpu"
     model, inputs, desc = models.make(name, device, dtype, batch, seq)
+    if quant:
+        models.quantize(model, quant)
     tokens = desc["batch"] * desc["seq"]
-    res: dict[str, Any] = {**desc, "grad_mode": grad_mode, "modes": {}}
+    res: dict[str, Any] = {**desc, "grad_mode": grad_mode, "quant": quant, "modes": {}}
     torch._dynamo.reset()
     compiled: dict[str, Callable[..., Any]] = {}
     with grad_context(grad_mode):
@@ -157,7 +160,10 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
 
 def markdown(results: list[dict], env: dict) -> str:
     lines = [f"# fusekit bench: {env['device']}", "",
-             f"torch {env['torch']}, transformers {env['transformers']}. Latency: the median of {ROUNDS} rounds in "
+             f"torch {env['torch']}, transformers {env['transformers']}"
+             + (f", torchao {env['torchao']}: every mode runs the model quantized by torchao ({env['quant']}: "
+                f"{models.QUANT[env['quant']]})" if env.get("quant") else "")
+             + f". Latency: the median of {ROUNDS} rounds in "
              f"which the modes take turns (each round's median from "
              f"{'triton do_bench' if env['cuda'] else 'a timed loop'}; min-max over the rounds); host ms = the time "
              "a call takes to return with the GPU idle (near the latency: host-bound); compile = first call(s), "
@@ -171,7 +177,8 @@ def markdown(results: list[dict], env: dict) -> str:
             ve = f"{r['vs_eager']:.2f}x" if r.get("vs_eager") else "-"
             peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:,.0f}"
             sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r.get("sites", {}).items()) or "-"
-            lines.append(f"| {res['model']} | {res['dtype']} | {res['batch']}x{res['seq']} | "
+            model = res["model"] + (f" ({res['quant']})" if res.get("quant") else "")
+            lines.append(f"| {model} | {res['dtype']} | {res['batch']}x{res['seq']} | "
                          f"{res.get('grad_mode', 'no_grad')} | {mode} | {r['ms']:.3f} | "
                          f"{r.get('ms_min', r['ms']):.3f}-{r.get('ms_max', r['ms']):.3f} | "
                          f"{'-' if r.get('host_ms') is None else format(r['host_ms'], '.3f')} | "
@@ -212,18 +219,22 @@ def environment() -> dict:
 
 def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, device: str | None = None,
           dtype: torch.dtype | None = None, batch: int | None = None, seq: int | None = None,
-          grad_modes: tuple[str, ...] = ("inference",)) -> list[dict]:
+          grad_modes: tuple[str, ...] = ("inference",), quant: str | None = None) -> list[dict]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     env = environment()
+    if quant:  # every mode runs the model quantized by torchao
+        import torchao
+
+        env.update(quant=quant, torchao=torchao.__version__)
     shown = [m for m in modes if not (device == "cpu" and m == "fusekit-ro")]  # the modes that will have rows
-    print(f"fusekit bench on {env['device']} (torch {env['torch']}): {', '.join(model_names)} x {', '.join(shown)}",
-          flush=True)
+    print(f"fusekit bench on {env['device']} (torch {env['torch']}): {', '.join(model_names)} x {', '.join(shown)}"
+          + (f", quantized by torchao {env['torchao']} ({quant}: {models.QUANT[quant]})" if quant else ""), flush=True)
     results, t0 = [], time.time()
     for i, name in enumerate(model_names, 1):
         print(f"[{i}/{len(model_names)} {time.time() - t0:5.0f}s] {name}", flush=True)
         for gm in grad_modes:
             results.append(run_model(name, modes, device, dtype, batch, seq, log=lambda s: print(s, flush=True),
-                                     grad_mode=gm))
+                                     grad_mode=gm, quant=quant))
         out.mkdir(parents=True, exist_ok=True)  # write after every model: a long run keeps what it has
         (out / "bench.json").write_text(json.dumps({"env": env, "results": results}, indent=1, default=str))
         (out / "bench.md").write_text(markdown(results, env))

@@ -139,6 +139,18 @@ MODELS = {m.name: m for m in [
 DEFAULT = [n for n, m in MODELS.items() if m.default]
 TINY = dict(batch=2, seq=32)
 
+# torchao configurations `fusekit bench --quant` names (torchao is optional: fusekit[quant])
+QUANT = {"int8-weight-only": "Int8WeightOnlyConfig", "int8-dynamic": "Int8DynamicActivationInt8WeightConfig",
+         "fp8-rowwise": "Float8DynamicActivationFloat8WeightConfig", "fp8-weight-only": "Float8WeightOnlyConfig"}
+
+
+def quantize(model: Any, quant: str) -> None:
+    """torchao's quantize_ with the configuration `quant` names, in place (fp8-rowwise: per-row scales, PerRow)."""
+    import torchao.quantization as tq
+
+    config = getattr(tq, QUANT[quant])
+    tq.quantize_(model, config(granularity=tq.PerRow()) if quant == "fp8-rowwise" else config())
+
 
 def make(name: str, device: str, dtype: torch.dtype | None = None, batch: int | None = None,
          seq: int | None = None, seed: int = 0) -> tuple[Any, dict[str, torch.Tensor], dict[str, Any]]:
