@@ -26,6 +26,8 @@
 #   prefill    benchmarks/bench_prefill_cache.py ($OUT/prefill_cache/)
 #   compile    benchmarks/bench_compile.py --models llama --phases decode --modes reduce-overhead
 #              --batches 32,1 --rounds 3 (COMPILE_ARGS replaces the arguments; $OUT/compile/)
+#   sanitize   compute-sanitizer --tool memcheck over GPU tests that call the kernels directly (SANITIZE_ARGS
+#              replaces pytest's arguments; default: the decode GEMMs' 8-bit tests; log: $OUT/sanitize.log)
 #
 # Environment: PHASES (when no phase is given as an argument), OUT (default /tmp/fusekit_out; every log and
 # result goes there; where that makes more than 8 files, the logs are packed into logs.tgz), FUSEKIT_CACHE
@@ -141,6 +143,13 @@ fi
 if has compile; then
   run_step "bench_compile.py" "$OUT/compile.log" python3 benchmarks/bench_compile.py \
     ${COMPILE_ARGS:---models llama --phases decode --modes reduce-overhead --batches 32,1 --rounds 3} --out "$OUT/compile"
+fi
+
+if has sanitize; then
+  # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
+  run_step "compute-sanitizer memcheck" "$OUT/sanitize.log" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider ${SANITIZE_ARGS:-tests/test_kernels_gpu.py -k "8bit or w8_rows"}
+  [ -f "$OUT/sanitize.log" ] && grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
 fi
 
 # pack the cache only where this call added to it (a file newer than the call's start)
