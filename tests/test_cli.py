@@ -299,7 +299,7 @@ def test_decode_profile_timeline_and_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_prefill_bench_runs_the_model_quantized_by_torchao(tmp_path, monkeypatch):
+def test_prefill_bench_runs_the_model_quantized_by_torchao(monkeypatch):
     """`fusekit bench --phase prefill --quant Q`: every mode runs the model after torchao's quantize_ (its linears'
     weights torchao tensors, not parameters), and the table names the configuration (CPU: tiny Llama, eager and
     fusekit's references)."""

@@ -21,7 +21,6 @@ import torch
 from .. import stats
 from .. import build
 from . import models
-from .models import QUANT, quantize
 from ..backend import backend as fusekit_backend
 from ..report import Report, near_miss_groups, no_compile_caches
 from .cuda_graphs import capture
@@ -109,7 +108,7 @@ class Step:
         else:
             self.model, self.desc = built[0], {**built[1], "batch": batch}
         if quant:
-            quantize(self.model, quant)
+            models.quantize(self.model, quant)
         cfg = self.model.config
         limit = getattr(cfg, "max_position_embeddings", None) or cfg.n_positions
         self.cache_len = min(cache_len, limit)
@@ -439,8 +438,9 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
              f"graph. Floor = (weights + KV rows visible at the position) / copy bandwidth "
              f"({(env.get('copy_gbps') or 0):,.0f} GB/s)."
              + (f" fusekit with options={{'enable': {env['enable']}}}." if env.get("enable") else "")
-             + (f" Every backend runs the model quantized by torchao ({env['quant']}: {QUANT[env['quant']]}); the "
-                f"floor counts the weights at their stored size." if env.get("quant") else ""), "",
+             + (f" Every backend runs the model quantized by torchao ({env['quant']}: "
+                f"{models.QUANT[env['quant']]}); the floor counts the weights at their stored size."
+                if env.get("quant") else ""), "",
              "| model | batch | position | eager | Inductor | fusekit | Inductor+graph | fusekit+graph | "
              "speedup | speedup+graph | floor ms | floor / fusekit | sites |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
