@@ -173,6 +173,12 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                        "fusekit": lambda i: fk(x, *ws[i]), "op": lambda i: op(x, *ws[i])}
                 if w16 is not None:
                     fns["bf16"] = lambda i: torch.nn.functional.linear(x, w16[i])
+                if kind in ("w8", "fp8w"):  # torchao's quantize_ turns coordinate-descent tuning on: at one row
+                    cdt = {"coordinate_descent_tuning": True}  # Inductor then writes the mm as mul + sum
+                    ind_cdt = torch.compile(ref, backend="inductor", options=cdt)
+                    fk_cdt = torch.compile(ref, backend="fusekit", options=cdt)
+                    fns["inductor_cdt"] = lambda i: ind_cdt(x, *ws[i])
+                    fns["fusekit_cdt"] = lambda i: fk_cdt(x, *ws[i])
                 if kind in ("fp8", "w8", "fp8w"):
                     env = {"FUSEKIT_DECODE_FP8": "mma"} if kind == "fp8" else {"FUSEKIT_DECODE_GEMM": "old"}
 
@@ -211,7 +217,9 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                       f"op {row['op_ms'] * 1e3:7.1f}, floor {row['floor_ms'] * 1e3:6.1f}; "
                       + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
                       + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "")
-                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "") +
+                      + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "")
+                      + (f"inductor CDT {row['inductor_cdt_ms'] * 1e3:7.1f}, fusekit CDT {row['fusekit_cdt_ms'] * 1e3:7.1f}; "
+                         if "inductor_cdt_ms" in row else "") +
                       f"op/inductor {_ratio(row['inductor_ms'], row['op_ms'])}", flush=True)
             del ws, w16
     return out
@@ -236,18 +244,22 @@ def markdown(rows: list[dict], device: str) -> str:
              f"(`linear_fp8` rules: x's quantization included; Inductor: its Triton quantization + aten._scaled_mm); kind fp8w: "
              f"float8 weight-only (`linear_fp8_weight` rules, up to {MAX_ROWS_TMA['linear_fp8_weight']} rows); op mma: the "
              f"mma.sync kernel (fp8: FUSEKIT_DECODE_FP8=mma, w8 and fp8w: FUSEKIT_DECODE_GEMM=old); "
-             f"bf16: cuBLAS on a 16-bit weight of the same shape.", "",
+             f"bf16: cuBLAS on a 16-bit weight of the same shape; CDT (w8, fp8w): Inductor and fusekit compiled with "
+             f"coordinate_descent_tuning, as torchao's quantize_ sets it (at one row Inductor writes the mm as a mul + "
+             f"sum reduction).", "",
              "| model | linear | kind | K x N | rows | eager | Inductor | fusekit (sites) | op | op mma | matmul_epilogue | "
-             "bf16 | floor | op vs Inductor | op % of floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "bf16 | Inductor CDT | fusekit CDT | floor | op vs Inductor | op vs Inductor CDT | op % of floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        cdt = (f"{r['inductor_cdt_ms'] * 1e3:.1f} | {r['fusekit_cdt_ms'] * 1e3:.1f}" if "inductor_cdt_ms" in r
+               else "- | -")
         epilogue = f"{r['epilogue_ms'] * 1e3:.1f}" if "epilogue_ms" in r else "-"
         bf16 = f"{r['bf16_ms'] * 1e3:.1f}" if "bf16_ms" in r else "-"
         mma = f"{r['mma_ms'] * 1e3:.1f}" if "mma_ms" in r else "-"
         lines.append(f"| {r['model']} | {r['linear']} | {r['kind']} | {r['K']}x{r['N']} | {r['rows']} | "
                      f"{_us(r['eager_ms'])} | {_us(r['inductor_ms'])} | {r['fusekit_ms'] * 1e3:.1f} ({r['sites']}) | "
-                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {r['floor_ms'] * 1e3:.1f} | "
-                     f"{_ratio(r['inductor_ms'], r['op_ms'])} | "
+                     f"{r['op_ms'] * 1e3:.1f} | {mma} | {epilogue} | {bf16} | {cdt} | {r['floor_ms'] * 1e3:.1f} | "
+                     f"{_ratio(r['inductor_ms'], r['op_ms'])} | {_ratio(r.get('inductor_cdt_ms'), r['op_ms'])} | "
                      f"{100 * r['floor_ms'] / r['op_ms']:.0f}% |")
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,8 @@
 #              $FUSEKIT_CACHE; then
 #              `python3 -m fusion_backend.build` (kernels for this GPU + traced rules), timed.
 #   tests      the GPU test suite: pytest tests -m "gpu and not packaging" (log: $OUT/pytest_gpu.log); TESTS_ARGS
-#              replaces the arguments after pytest's -q, e.g. TESTS_ARGS="tests/test_decode_gpu.py"
+#              replaces the arguments after pytest's -q, read as a shell line (quotes keep a -k expression whole),
+#              e.g. TESTS_ARGS='tests/test_kernels_gpu.py -k "8bit or w8_rows"'
 #   bench      fusekit bench --phase decode --models llama --batches 1,32 --positions 1024 --no-generate
 #              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/). Every architecture:
 #              BENCH_ARGS="--models llama,qwen2,qwen3,mistral,gemma,gemma3,phi3,olmo2,granite,stablelm,gpt_neox,falcon,mixtral
@@ -96,8 +97,9 @@ if has install; then
 fi
 
 if has tests; then
-  run_step "GPU tests" "$OUT/pytest_gpu.log" \
-    python3 -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-tests -m "gpu and not packaging"}
+  # TESTS_ARGS read as a shell line (eval), so that a quoted -k "a or b" stays one argument
+  if [ -n "${TESTS_ARGS:-}" ]; then eval "TARGS=($TESTS_ARGS)"; else TARGS=(tests -m "gpu and not packaging"); fi
+  run_step "GPU tests" "$OUT/pytest_gpu.log" python3 -m pytest -q -p no:cacheprovider "${TARGS[@]}"
   if [ -f "$OUT/pytest_gpu.log" ]; then
     if tail -1 "$OUT/pytest_gpu.log" | grep -qE "passed|failed|error|no tests ran"; then
       note "GPU tests: $(tail -1 "$OUT/pytest_gpu.log")"
@@ -146,9 +148,10 @@ if has compile; then
 fi
 
 if has sanitize; then
-  # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
+  if [ -n "${SANITIZE_ARGS:-}" ]; then eval "SARGS=($SANITIZE_ARGS)"
+  else SARGS=(tests/test_kernels_gpu.py -k "8bit or w8_rows"); fi
   run_step "compute-sanitizer memcheck" "$OUT/sanitize.log" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider ${SANITIZE_ARGS:-tests/test_kernels_gpu.py -k "8bit or w8_rows"}
+    python3 -m pytest -q -p no:cacheprovider "${SARGS[@]}"
   [ -f "$OUT/sanitize.log" ] && grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
 fi
 

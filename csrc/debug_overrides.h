@@ -89,9 +89,10 @@ inline int decode_attention_splits() {
 // builds; S splits, N stages of B k boxes, B 1 or 2; 0: its own choice); "tmaearly..." that kernel with the
 // first weight tiles issued before pdl_wait. Where the forced kernel cannot run (a build without it, rows or
 // a K it does not take), decode_linear_kernel runs. It also picks the 8-bit weight-only ops' kernel
-// (decode_gemm/decode_linear_w8.cuh): "old" their mma.sync kernel, "tma..." the TMA kernel's W8 form at 1-64 rows.
+// (decode_gemm/decode_linear_w8.cuh): "old" their mma.sync kernel, "tma..." the TMA kernel's W8 form at 1-64 rows,
+// "row" their one-row GEMV at every row count (each row re-reads the weights).
 struct DecodeGemmOverride {
-  int kernel = -1;  // -1: none (the default selection), 0: decode_linear_kernel, 1: split-K, 2: TMA
+  int kernel = -1;  // -1: none (the default selection), 0: decode_linear_kernel, 1: split-K, 2: TMA, 3: row GEMV
   int splits = 0;
   bool early = false;
   int stages = 0;
@@ -117,6 +118,7 @@ inline DecodeGemmOverride decode_gemm_override() {
   if (std::strncmp(e, "splitk", 6) == 0) return with_splits(6, 1);
   if (std::strncmp(e, "tmaearly", 8) == 0) return o.early = true, with_splits(8, 2);
   if (std::strncmp(e, "tma", 3) == 0) return with_splits(3, 2);
+  if (std::strcmp(e, "row") == 0) return o.kernel = 3, o;
   return o;
 }
 

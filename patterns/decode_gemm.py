@@ -134,6 +134,21 @@ def _w8_mm_as_mul_sum(x: Tensor, w: Tensor, scales: Tensor) -> Tensor:
     return (x.float().unsqueeze(2) * w.t().float().unsqueeze(0)).sum(1).to(x.dtype) * scales
 
 
+def _fp8_weight_mm_as_mul_sum(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """decode_linear_fp8_weight_ref at one row under Inductor's coordinate_descent_tuning (torchao's quantize_ turns it
+    on): Inductor's mm decomposition (torch/_inductor/decomposition.py, `mm`: CUDA only, x of one row) writes
+    x [1, K] @ W as (x[:, :, None] * W[None]).sum(1) in float32. W keeps its rounding to x's dtype (torch 2.13 and
+    later: joint_graph's pointless_convert keeps a narrower intermediate)."""
+    wd = (w.t().float() * w_scale.t()).to(x.dtype)
+    return (x.float().unsqueeze(2) * wd.float().unsqueeze(0)).sum(1).to(x.dtype)
+
+
+def _fp8_weight_mm_as_mul_sum_folded(x: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    """The same where pointless_convert folds the dequantized weight's float32 -> x's dtype -> float32 casts into
+    none (torch 2.11's, as it folds the gate's downcast before SiLU's upcast in the int8 dynamic graphs)."""
+    return (x.float().unsqueeze(2) * (w.t().float() * w_scale.t()).unsqueeze(0)).sum(1).to(x.dtype)
+
+
 def decode_linear_w8a8_ref(xq: Tensor, xs: Tensor, w: Tensor, ws: Tensor,
                            dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype = None) -> Tensor:
     """An int8 x int8 linear after x's per-row quantization, as torchao 0.18's Int8DynamicActivationInt8WeightConfig
@@ -741,6 +756,7 @@ def _fp8_weight_rule(rank: int) -> Pattern:
         f"decode_gemm.linear_fp8_weight{'' if rank == 3 else '_2d'}", reference=decode_linear_fp8_weight_ref,
         op="decode_linear_fp8_weight", dtypes=DTYPES, inputs=_fp8_weight_inputs, trace="inductor",
         trace_case=trace_case,
+        graph_forms=(_fp8_weight_mm_as_mul_sum, _fp8_weight_mm_as_mul_sum_folded) if rank == 2 else (),
         guards=(weight8_operands("x", "w", "w_scale", torch.float8_e4m3fn), few_rows("x", "linear_fp8_weight")),
         fixtures=Fixtures(
             cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],

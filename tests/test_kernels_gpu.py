@@ -701,13 +701,14 @@ W8_RULES = ("decode_gemm.linear_w8_2d", "decode_gemm.linear_fp8_weight_2d")
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rule", W8_RULES)
-@pytest.mark.parametrize("choice", ["", "old", "tma"], ids=["default", "old", "tma"])
+@pytest.mark.parametrize("choice", ["", "old", "tma", "row"], ids=["default", "old", "tma", "row"])
 def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choice):
-    """Both kernels of the 8-bit weight-only linears (int8, e4m3): by default the TMA kernel's W8 form at 9-64 rows
-    and at 1-8 where K >= 4096 (sm_90a builds: x tiles of 8/16/32/64 rows, the 8-bit weights widened into wgmma's A
-    registers) and the mma.sync kernel elsewhere and past 64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel
-    everywhere, =tma the TMA form at 1-64. Rows at each tile's edges, K ending inside a 128-wide stage (80, 2064) and
-    over several splits, N not a multiple of the 64-column tile; within the 2x rule of eager; the same result on
+    """The kernels of the 8-bit weight-only linears (int8, e4m3): by default the one-row GEMV at 1 row (e4m3), the TMA
+    kernel's W8 form at 9-64 rows and at 1-8 where K >= 4096 (int8; e4m3 at 2-8; sm_90a builds: x tiles of
+    8/16/32/64 rows, the 8-bit weights widened into wgmma's A registers) and the mma.sync kernel elsewhere and past
+    64; FUSEKIT_DECODE_GEMM=old forces the mma.sync kernel everywhere, =tma the TMA form at 1-64, =row the GEMV at
+    every row count. Rows at each tile's edges, K ending inside a 128-wide stage (80, 2064) and over several splits,
+    N not a multiple of the 64-column tile; within the 2x rule of eager; the same result on
     every call; every 8-bit value widened exactly (one-hot rows, unit scales); inside a CUDA graph."""
     p = table.by_id(rule)
     with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
@@ -730,18 +731,22 @@ def test_decode_8bit_weight_only_kernels_rows_tails_and_graphs(rule, dtype, choi
         _check_graph_replay(p, p.make_args((5, 1024, 136), dtype, "cuda"))
 
 
-def test_decode_8bit_weight_only_tma_form_runs_where_built():
-    """On an sm_90 device (an sm_90a build) both 8-bit weight-only ops run the TMA kernel by default at 9 and 32 rows,
-    at 1 and 8 rows where K >= 4096, and with FUSEKIT_DECODE_GEMM=tma at 1; the mma.sync kernel by default at 1 and 8
-    rows with K = 2048 and with FUSEKIT_DECODE_GEMM=old at 32: the kernels' names in the profile."""
+def test_decode_8bit_weight_only_kernel_choice_where_built():
+    """On an sm_90 device (an sm_90a build): the e4m3 op runs the one-row GEMV by default at 1 row (K up to 32768:
+    past it the TMA kernel), the int8 op its TMA kernel there where K >= 4096 and the mma.sync kernel below; both run
+    the GEMV with FUSEKIT_DECODE_GEMM=row at 4 rows; the TMA kernel by default at 9 and 32 rows, at 8 rows where
+    K >= 4096, and with FUSEKIT_DECODE_GEMM=tma at 1; the mma.sync kernel by default at 8 rows with K = 2048 and with
+    FUSEKIT_DECODE_GEMM=old at 1 and 32: the kernels' names in the profile."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA decode-linear kernel is built for sm_90a only")
     for rule in W8_RULES:
         p = table.by_id(rule)
-        tma, mma = "decode_linear_tma_kernel", "decode_linear_w8_kernel"
+        tma, mma, row = "decode_linear_tma_kernel", "decode_linear_w8_kernel", "decode_linear_w8_row_kernel"
         for m, k, choice, kernel in ((9, 2048, "", tma), (32, 2048, "", tma), (1, 2048, "tma", tma),
-                                     (1, 5632, "", tma), (8, 4096, "", tma), (1, 2048, "", mma), (8, 2048, "", mma),
-                                     (1, 4080, "", mma), (32, 2048, "old", mma)):
+                                     (8, 4096, "", tma), (1, 32784, "", tma), (8, 2048, "", mma),
+                                     (1, 2048, "old", mma), (32, 2048, "old", mma), (4, 2048, "row", row),
+                                     *(((1, 2048, "", row), (1, 5632, "", row), (1, 4080, "", row)) if "fp8" in rule
+                                       else ((1, 2048, "", mma), (1, 5632, "", tma), (1, 4080, "", mma)))):
             args = p.make_args((m, k, 512), torch.bfloat16, "cuda")
             with _decode_gemm_kernel(choice) if choice else contextlib.nullcontext():
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

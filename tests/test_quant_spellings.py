@@ -149,9 +149,9 @@ def test_torchao_int8_dynamic_linears_fire_with_x_quantization(torchao_int_mm):
 LAYERS = 2  # of the tiny torchao Llama
 
 
-def _tiny_torchao_llama(config):
-    """A tiny bf16 Llama quantized by torchao's `config`, explained and compiled by Inductor on token ids: (report,
-    logits of fusekit, eager, Inductor)."""
+def _tiny_torchao_llama(config, ids_shape=(2, 3)):
+    """A tiny bf16 Llama quantized by torchao's `config`, explained and compiled by Inductor on token ids of
+    `ids_shape`: (report, logits of fusekit, eager, Inductor)."""
     from torchao.quantization import quantize_
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -160,7 +160,7 @@ def _tiny_torchao_llama(config):
                       num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
     m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     quantize_(m, config)
-    ids = torch.randint(0, 256, (2, 3))
+    ids = torch.randint(0, 256, ids_shape)
 
     def logits(i):
         return m(i, use_cache=False).logits
@@ -227,4 +227,54 @@ def test_torchao_float8_weight_only_llama_fires_every_linear():
     fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
     assert fired == {"decode_gemm.linear_fp8_weight": 7 * LAYERS + 1}, str(rep)
     assert not any("aten.mm" in g.graph_code for g in rep.graphs), str(rep)
+    _within_twice_inductors_error(rep, want, ind)
+
+
+def _mm_one_row_decomposed_on_cpu(monkeypatch):
+    """Inductor's mm decomposition at one row under coordinate_descent_tuning, (x[:, :, None] * w[None]).sum(1) in
+    float32 (torch/_inductor/decomposition.py `mm`), which torch applies to CUDA tensors only: here to CPU tensors too,
+    so that a CPU compile sees the graph a CUDA batch-1 step has. fusekit's rules are still traced with torch's own
+    decompositions: their forms are cached (in the process and on disk) for every later compile."""
+    import torch._inductor.decomposition as dec
+    from fusion_backend import forms
+
+    @dec.pw_cast_for_opmath
+    def mm(self, input2, out_dtype=None):
+        if out_dtype is None and self.shape[0] == 1:
+            return (self.unsqueeze(2) * input2.unsqueeze(0)).sum(dim=1)
+        return NotImplemented
+
+    op = torch.ops.aten.mm.default
+    tables = (dec.decompositions, dec.fast_random_decomps())  # (the second: a cached copy of the first)
+    torch_own = [t[op] for t in tables]
+    for table in tables:
+        monkeypatch.setitem(table, op, mm)
+    trace = forms._trace_forms
+
+    def trace_with_torch_own(*args, **kwargs):
+        with pytest.MonkeyPatch.context() as m:
+            for table, own in zip(tables, torch_own):
+                m.setitem(table, op, own)
+            return trace(*args, **kwargs)
+
+    monkeypatch.setattr(forms, "_trace_forms", trace_with_torch_own)
+
+
+def test_torchao_float8_weight_only_llama_one_row_fires_every_linear(monkeypatch):
+    """At batch 1 on CUDA every linear of a Float8WeightOnlyConfig model reaches the post-grad graph as Inductor's
+    one-row mm decomposition (mul + sum in float32; torchao's quantize_ turns coordinate_descent_tuning on), not an
+    mm: an H200's batch-1 step had no linear_fp8_weight site before the rule's graph forms for it (2026-12-03,
+    RESULTS.md). With that decomposition applied on the CPU, every linear of a tiny Llama at one row fires
+    decode_gemm.linear_fp8_weight_2d and no weight's product is left to Inductor; logits within 2x of Inductor's error
+    against eager (Inductor under the same decomposition). Skipped without torchao."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Float8WeightOnlyConfig
+
+    _mm_one_row_decomposed_on_cpu(monkeypatch)
+    # config.patch, not monkeypatch: monkeypatch's undo left the config module without the option for later tests
+    with torch._inductor.config.patch(coordinate_descent_tuning=True):
+        rep, want, ind = _tiny_torchao_llama(Float8WeightOnlyConfig(), ids_shape=(1, 1))
+    fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
+    assert fired == {"decode_gemm.linear_fp8_weight_2d": 7 * LAYERS + 1}, str(rep)
+    assert not any("aten.mm" in g.graph_code or "aten.sum" in g.graph_code for g in rep.graphs), str(rep)
     _within_twice_inductors_error(rep, want, ind)

@@ -39,6 +39,7 @@
 #include <string>
 #include <tuple>
 
+#include "convert.cuh"                       // to_float2
 #include "debug_overrides.h"                 // FUSEKIT_DECODE_FP8_BLOCKS, FUSEKIT_DECODE_FP8
 #include "decode_gemm/decode_linear.cuh"      // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
 #include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_fp8
@@ -90,15 +91,6 @@ __device__ __forceinline__ void widen16(const uint4& q, uint4& a, uint4& b) {
 __device__ __forceinline__ float div_rn(float x, float s, float r) {
   const float q = __fmul_rn(x, r);
   return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
-}
-
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  } else {
-    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
-  }
 }
 
 // 2 values of x (one word of T) quantized with the row's s (and r = 1/s) -> two e4m3, the first in the low byte

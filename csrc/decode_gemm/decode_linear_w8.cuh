@@ -3,12 +3,14 @@
 // weight-only, Float8WeightOnlyConfig: each weight scaled and rounded to x's dtype before them). The 8-bit weight is
 // read once and widened on chip, never written back to HBM as a 16-bit copy.
 //
-// On sm_90a builds, at 9-64 rows and at 1-8 rows with K >= 4096, the TMA kernel's W8 form runs (decode_linear_tma.cuh:
-// x staged once per CTA, the weights widened into wgmma's A registers; launch_rows below says why not at 1-8 rows and a
-// smaller K). This file's mma.sync kernel runs elsewhere. Its CTA is decode_linear_kernel's (decode_linear.cuh): 8
-// warps, 8 NB output columns, all of K, 16 MT rows. A lane loads 16 weights of each of its NB weight rows at once (k
-// [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of its x rows; widen16 (widen8.cuh) turns the weights into
-// 16-bit operands; two m16n8k16 pairs take them (mma_chunk: x and w in the same k order).
+// At one row the e4m3 op runs the GEMV of decode_linear_w8_row.cuh. On sm_90a builds, at 9-64 rows and at 1-8 rows
+// (int8: 1-8, e4m3: 2-8) with K >= 4096, the TMA kernel's W8 form runs (decode_linear_tma.cuh: x staged once per CTA,
+// the weights widened into wgmma's A registers; launch_rows below says why not at fewer rows and a smaller K). This
+// file's mma.sync kernel runs elsewhere.
+// Its CTA is decode_linear_kernel's (decode_linear.cuh): 8 warps, 8 NB output columns, all of K, 16 MT rows. A lane
+// loads 16 weights of each of its NB weight rows at once (k [16t, 16t + 16) of a 64-wide chunk) and the same 16 k of
+// its x rows; widen16 (widen8.cuh) turns the weights into 16-bit operands; two m16n8k16 pairs take them (mma_chunk: x
+// and w in the same k order).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -17,6 +19,7 @@
 #include "debug_overrides.h"  // FUSEKIT_DECODE_GEMM
 #include "decode_gemm/decode_linear.cuh"
 #include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_w8
+#include "decode_gemm/decode_linear_w8_row.cuh"  // launch_row
 #include "decode_gemm/widen8.cuh"  // widen16
 #include "dtype_dispatch.cuh"
 
@@ -143,6 +146,10 @@ void launch(const W8Params& p, cudaStream_t stream) {
             pdl_allowed(version, 'g'), 0, p);
 }
 
+// e4m3 at one row: the GEMV (decode_linear_w8_row.cuh); FUSEKIT_DECODE_GEMM=row takes it at every row count, for
+// both. int8 keeps the kernels below at one row: the GEMV was faster alone (H100, cold weights, o 4.0 against the
+// mma.sync kernel's 4.5 us, down 6.6 against 10.8) but the int8 weight-only b1 step was slower with it (0.626 against
+// 0.552 ms, H100, torch 2.11, 2026-12-07; TRIED.md).
 // sm_90a builds, N a multiple of 8, 9-64 rows or 1-8 rows with K >= 4096: the TMA kernel's W8 form
 // (decode_linear_tma.cuh); FUSEKIT_DECODE_GEMM=tma takes it at every 1-64 rows, =old never. H200, e4m3, Llama-style,
 // op alone, cold weights, us, this kernel -> TMA (2026-12-03): 32 rows o 8.0 -> 5.6, gate 14.8 -> 8.7, down 19.1 ->
@@ -155,6 +162,7 @@ void launch_rows(const W8Params& p, at::ScalarType dtype, cudaStream_t stream) {
   dispatch_half_bf16(dtype, [&](auto tag) {
     using T = decltype(tag);
     const int forced = debug::decode_gemm_override().kernel;
+    if ((forced == 3 || (forced == -1 && FP8 && p.m == 1)) && launch_row<T, FP8>(p, stream)) return;
     if (forced == 2 || (forced == -1 && (p.m > 8 || p.k >= 4096))) {
       decode_gemm::Params q{};
       q.x = p.x, q.w[0] = p.w, q.out[0] = p.out, q.n[0] = p.n, q.parts = 1, q.m = p.m, q.k = p.k;
