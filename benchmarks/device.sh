@@ -18,7 +18,8 @@
 #              (BENCH_ARGS replaces everything after --phase decode; output: $OUT/decode/). Every architecture:
 #              BENCH_ARGS="--models llama,qwen2,qwen3,mistral,gemma,gemma3,phi3,olmo2,granite,stablelm,gpt_neox,falcon,mixtral
 #              --batches 1,32 --positions 1024 --no-generate"
-#   e2e        fusekit bench --phase prefill (whole models; $OUT/e2e/)
+#   e2e        fusekit bench --phase prefill (whole models; $OUT/e2e/); E2E_ARGS adds arguments, read as a shell line,
+#              e.g. E2E_ARGS="--models llama --modes eager,inductor,fusekit --quant fp8-rowwise"
 #   patterns   benchmarks/bench_patterns.py      ($OUT/patterns/; PATTERNS_ARGS adds arguments)
 #   attention  benchmarks/bench_attention.py     ($OUT/attention/)
 #   matmul     benchmarks/bench_matmul.py        ($OUT/matmul/)
@@ -120,7 +121,9 @@ if has bench; then
     "${FUSEKIT[@]}" bench --phase decode ${BENCH_ARGS:---models llama --batches 1,32 --positions 1024 --no-generate} --out "$OUT/decode"
 fi
 if has e2e; then
-  run_step "fusekit bench --phase prefill" "$OUT/e2e.log" "${FUSEKIT[@]}" bench --phase prefill --out "$OUT/e2e"
+  eval "EARGS=(${E2E_ARGS:-})"
+  run_step "fusekit bench --phase prefill" "$OUT/e2e.log" "${FUSEKIT[@]}" bench --phase prefill --out "$OUT/e2e" \
+    "${EARGS[@]}"
 fi
 # shellcheck disable=SC2086
 if has patterns; then
@@ -173,7 +176,7 @@ echo
 echo "== summary ($(( $(date +%s) - T0 )) s; phases: $PHASES) =="
 cat "$OUT/gpu.txt"
 cat "$SUMMARY"
-for f in "$OUT/decode/decode.md" "$OUT/compile/compile.md"; do
+for f in "$OUT/decode/decode.md" "$OUT/e2e/bench.md" "$OUT/compile/compile.md"; do
   [ -f "$f" ] && { echo "-- $f"; grep "^|" "$f" | head -14; }
 done
 exit 0
