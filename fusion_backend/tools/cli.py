@@ -95,7 +95,9 @@ def cmd_profile(a: argparse.Namespace) -> int:
         return 0
     from . import profile
 
-    profile.profile_model(a.model or "bert", pathlib.Path(a.out), iters=a.iters)
+    if a.quant and not torch.cuda.is_available():
+        print("note: --quant only applies on a GPU; the CPU profile runs the model unquantized")
+    profile.profile_model(a.model or "bert", pathlib.Path(a.out), iters=a.iters, quant=a.quant)
     return 0
 
 
@@ -337,6 +339,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--position", type=int, default=1024, help="decode: cache position of 4096 slots (default 1024)")
     p.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires")
     p.add_argument("--disable", default=None, help="decode: comma-separated rule ids (or families) fusekit leaves off")
+    p.add_argument("--quant", default=None, choices=tuple(models.QUANT),
+                   help="prefill, GPU: the model quantized by torchao first (as in fusekit bench --quant)")
     p.set_defaults(fn=cmd_profile)
     e = sub.add_parser("explain", help="fusekit's match report for a named model")
     e.add_argument("--model", default="gpt2")

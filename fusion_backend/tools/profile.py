@@ -107,10 +107,14 @@ def _op_costs(prof: Any) -> dict[str, tuple[float, float]]:
 
 
 def profile_model(name: str, out: pathlib.Path, modes=("eager", "inductor", "fusekit"), iters: int = 5,
-                  top: int = 10) -> dict:
+                  top: int = 10, quant: str | None = None) -> dict:
+    """`quant`: the model quantized by torchao first (models.QUANT; a GPU only, as in `fusekit bench`)."""
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     model, inputs, desc = models.make(name, device)
+    if quant and cuda:
+        models.quantize(model, quant)
+        desc = {**desc, "what": f"{desc['what']}, torchao {models.QUANT[quant]}"}
     out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings() if cuda else None
     result: dict[str, Any] = {"model": desc, "ceilings": ceil, "modes": {}}
