@@ -320,3 +320,20 @@ def test_prefill_bench_runs_the_model_quantized_by_torchao(monkeypatch):
     assert res["modes"]["fusekit"]["max_rel_err_vs_eager"] < 1e-3, res["modes"]["fusekit"]
     md = e2e.markdown([res], {**e2e.environment(), "quant": "int8-weight-only", "torchao": "0.18.0"})
     assert "| llama (int8-weight-only) |" in md and "Int8WeightOnlyConfig" in md, md
+
+
+def test_prefill_speedups_compare_graphs_with_graphs():
+    """fusekit bench's prefill table: fusekit-ro (CUDA graphs) is timed against inductor-ro (Inductor's CUDA graphs)
+    where that mode ran, against plain Inductor otherwise; the other modes, inductor-ro too, against plain Inductor."""
+    from fusion_backend.tools import e2e
+
+    modes = {"eager": {"ms": 8.0}, "inductor": {"ms": 4.0}, "inductor-ro": {"ms": 2.0}, "fusekit": {"ms": 2.0},
+             "fusekit-ro": {"ms": 1.0}}
+    e2e.speedups(modes)
+    assert {m: r["vs_inductor"] for m, r in modes.items()} == {
+        "eager": 0.5, "inductor": 1.0, "inductor-ro": 2.0, "fusekit": 2.0, "fusekit-ro": 2.0}  # fusekit-ro: inductor-ro's 2.0 / 1.0
+    assert modes["fusekit-ro"]["vs_eager"] == 8.0
+    del modes["inductor-ro"]
+    e2e.speedups(modes)
+    assert modes["fusekit-ro"]["vs_inductor"] == 4.0
+    assert [m for m in e2e.MODES if e2e.graphed(m)] == ["inductor-ro", "fusekit-ro"]

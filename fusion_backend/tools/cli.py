@@ -22,8 +22,8 @@ def _dtype(s: str | None) -> torch.dtype | None:
 
 
 BENCH_DESCRIPTION = """\
-On a GPU: the end-to-end benchmark of the real models, prefill (eager / Inductor / fusekit / fusekit with CUDA
-graphs) and decode steps against a StaticCache (and generate), timed against Inductor.
+On a GPU: the end-to-end benchmark of the real models, prefill (eager / Inductor / fusekit, each compiler with and
+without CUDA graphs) and decode steps against a StaticCache (and generate), timed against Inductor.
 
 Without a GPU (or with --cpu): a flow check, not a benchmark. Tiny configurations of the same models are
 compiled with fusekit and options={"cpu_reference": True}, where each fused op runs its Python reference
@@ -288,8 +288,9 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--models", default=None, help="comma-separated of " + ", ".join(models.MODELS) + " (default: "
                    + ", ".join(models.DEFAULT) + ")")
-    b.add_argument("--modes", default=None, help="GPU: comma-separated of eager,inductor,fusekit,fusekit-ro "
-                   "(default: all); the CPU flow check runs eager and fusekit")
+    b.add_argument("--modes", default=None, help="GPU: comma-separated of eager,inductor,inductor-ro,fusekit,"
+                   "fusekit-ro (-ro: mode='reduce-overhead', CUDA graphs; default: all); the CPU flow check runs eager "
+                   "and fusekit")
     b.add_argument("--batch", type=int, default=None)
     b.add_argument("--seq", type=int, default=None)
     b.add_argument("--dtype", default=None, help="float16 / bfloat16 (default: per model on a GPU, float32 on CPU)")

@@ -17,7 +17,12 @@ from . import models
 from ..backend import backend as fusekit_backend
 from ..report import Report, no_compile_caches
 
-MODES = ("eager", "inductor", "fusekit", "fusekit-ro")
+MODES = ("eager", "inductor", "inductor-ro", "fusekit", "fusekit-ro")
+
+
+def graphed(mode: str) -> bool:
+    """A mode compiled with mode="reduce-overhead": replayed as CUDA graphs (a GPU only)."""
+    return mode.endswith("-ro")
 
 
 def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
@@ -28,6 +33,8 @@ def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
         return model
     if mode == "inductor":
         return torch.compile(model)
+    if mode == "inductor-ro":
+        return torch.compile(model, mode="reduce-overhead")
     if mode == "fusekit":
         return torch.compile(model, backend=fusekit_backend(options=opts))
     if mode == "fusekit-ro":
@@ -99,7 +106,7 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
     with grad_context(grad_mode):
         ref = models.first_output(model(**inputs)).float()
         for mode in modes:
-            if cpu and mode == "fusekit-ro":
+            if cpu and graphed(mode):
                 continue  # CUDA graphs need a GPU
             f = _compiled(mode, model, cpu)
             if not cpu:
@@ -108,10 +115,10 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
             # cold compiles for Inductor and fusekit alike (a cache hit would also skip fusekit's pass)
             with stats.collect() as records, no_compile_caches():
                 t0 = time.perf_counter()
-                if mode == "fusekit-ro":
+                if graphed(mode):
                     torch.compiler.cudagraph_mark_step_begin()
                 out = models.first_output(f(**inputs)).float().clone()
-                if mode == "fusekit-ro":  # CUDA graphs record on a later call
+                if graphed(mode):  # CUDA graphs record on a later call
                     for _ in range(2):
                         torch.compiler.cudagraph_mark_step_begin()
                         out = models.first_output(f(**inputs)).float().clone()
@@ -134,28 +141,37 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
         rounds: dict[str, list[float]] = {m: [] for m in compiled}
         for _ in range(ROUNDS):
             for mode, f in compiled.items():
-                rounds[mode].append(_time(lambda: f(**inputs), cpu, mode == "fusekit-ro", rep_ms=100))
+                rounds[mode].append(_time(lambda: f(**inputs), cpu, graphed(mode), rep_ms=100))
         for mode, f in compiled.items():
             r = res["modes"][mode]
             ts = sorted(rounds[mode])
             r.update(ms=statistics.median(ts), ms_min=ts[0], ms_max=ts[-1], rounds_ms=rounds[mode],
-                     host_ms=None if cpu else _host_ms(lambda: f(**inputs), mode == "fusekit-ro"))
+                     host_ms=None if cpu else _host_ms(lambda: f(**inputs), graphed(mode)))
             r["tokens_per_s"] = tokens / r["ms"] * 1e3
             host = "-" if r["host_ms"] is None else f"{r['host_ms']:.3f}"
             log(f"  {name:8s} {grad_mode:9s} {mode:11s} {r['ms']:9.3f} ms (min {ts[0]:.3f}, max {ts[-1]:.3f}, "
                 f"{ROUNDS} rounds)  host {host} ms  {r['tokens_per_s']:12,.0f} tok/s")
     compiled.clear()
     torch._dynamo.reset()
-    base = res["modes"].get("inductor", {}).get("ms")
-    for m in res["modes"].values():
-        m["vs_inductor"] = base / m["ms"] if base else None
-        m["vs_eager"] = res["modes"]["eager"]["ms"] / m["ms"] if "eager" in res["modes"] else None
-    if base and "fusekit" in res["modes"]:
+    speedups(res["modes"])
+    if res["modes"].get("inductor", {}).get("ms") and "fusekit" in res["modes"]:
         res["compile_ratio_vs_inductor"] = res["modes"]["fusekit"]["compile_s"] / res["modes"]["inductor"]["compile_s"]
     del model
     if not cpu:
         torch.cuda.empty_cache()
     return res
+
+
+def speedups(modes: dict[str, dict]) -> None:
+    """Each mode's vs_inductor and vs_eager from the modes' ms: fusekit-ro (CUDA graphs) against inductor-ro, Inductor
+    with CUDA graphs, where that ran (else against inductor); every other mode, inductor-ro included, against
+    inductor."""
+    base = modes.get("inductor", {}).get("ms")
+    base_ro = modes.get("inductor-ro", {}).get("ms") or base
+    for mode, m in modes.items():
+        b = base_ro if graphed(mode) and mode != "inductor-ro" else base
+        m["vs_inductor"] = b / m["ms"] if b else None
+        m["vs_eager"] = modes["eager"]["ms"] / m["ms"] if "eager" in modes else None
 
 
 def markdown(results: list[dict], env: dict) -> str:
@@ -168,6 +184,7 @@ def markdown(results: list[dict], env: dict) -> str:
              f"{'triton do_bench' if env['cuda'] else 'a timed loop'}; min-max over the rounds); host ms = the time "
              "a call takes to return with the GPU idle (near the latency: host-bound); compile = first call(s), "
              "wall clock; "
+             "vs Inductor: fusekit-ro (CUDA graphs) against inductor-ro where it ran; "
              "error = max|out - eager| / max|eager| on logits / last hidden state.", "",
              "| model | dtype | batch x seq | grad mode | mode | ms | min-max ms | host ms | tokens/s | vs Inductor | vs eager | compile s | peak MiB | rel err | fused sites |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -226,7 +243,7 @@ def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, dev
         import torchao
 
         env.update(quant=quant, torchao=torchao.__version__)
-    shown = [m for m in modes if not (device == "cpu" and m == "fusekit-ro")]  # the modes that will have rows
+    shown = [m for m in modes if not (device == "cpu" and graphed(m))]  # the modes that will have rows
     print(f"fusekit bench on {env['device']} (torch {env['torch']}): {', '.join(model_names)} x {', '.join(shown)}"
           + (f", quantized by torchao {env['torchao']} ({quant}: {models.QUANT[quant]})" if quant else ""), flush=True)
     results, t0 = [], time.time()
