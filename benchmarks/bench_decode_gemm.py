@@ -218,8 +218,8 @@ def run(models: list[str], rows: list[int], rounds: int, reps: int, only: set[st
                       + (f"matmul_epilogue {row['epilogue_ms'] * 1e3:7.1f}; " if "epilogue_ms" in row else "")
                       + (f"bf16 cuBLAS {row['bf16_ms'] * 1e3:7.1f}; " if "bf16_ms" in row else "")
                       + (f"op mma {row['mma_ms'] * 1e3:7.1f}; " if "mma_ms" in row else "")
-                      + (f"inductor CDT {row['inductor_cdt_ms'] * 1e3:7.1f}, fusekit CDT {row['fusekit_cdt_ms'] * 1e3:7.1f}; "
-                         if "inductor_cdt_ms" in row else "") +
+                      + (f"inductor CDT {row['inductor_cdt_ms'] * 1e3:7.1f}, "
+                         f"fusekit CDT {row['fusekit_cdt_ms'] * 1e3:7.1f}; " if "inductor_cdt_ms" in row else "") +
                       f"op/inductor {_ratio(row['inductor_ms'], row['op_ms'])}", flush=True)
             del ws, w16
     return out
