@@ -31,6 +31,7 @@
 #   sanitize   compute-sanitizer --tool memcheck over GPU tests that call the kernels directly (SANITIZE_ARGS
 #              replaces pytest's arguments; default: the decode GEMMs' 8-bit tests; log: $OUT/sanitize.log)
 #
+# Every *_ARGS is read as a shell line: quotes keep an argument with spaces whole.
 # Environment: PHASES (when no phase is given as an argument), OUT (default /tmp/fusekit_out; every log and
 # result goes there; where that makes more than 8 files, the logs are packed into logs.tgz), FUSEKIT_CACHE
 # (default /tmp/fkc), DEADLINE (seconds from the start, default 570: every
@@ -66,6 +67,8 @@ SUMMARY="$OUT/summary.txt"
 left() { echo $(( ${DEADLINE:-570} - ($(date +%s) - T0) )); }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 note() { echo "$*" | tee -a "$SUMMARY"; }
+# args VAR DEFAULT...: ARGS = $VAR read as a shell line (quotes keep a -k "a or b" one argument), else DEFAULT...
+args() { local v=$1; shift; if [ -n "${!v:-}" ]; then eval "ARGS=(${!v})"; else ARGS=("$@"); fi; }
 # run_step NAME LOG CMD...: CMD under timeout against the deadline (skipped with under 20 s left)
 run_step() {
   local name=$1 log=$2 t rc; shift 2
@@ -98,9 +101,8 @@ if has install; then
 fi
 
 if has tests; then
-  # TESTS_ARGS read as a shell line (eval), so that a quoted -k "a or b" stays one argument
-  if [ -n "${TESTS_ARGS:-}" ]; then eval "TARGS=($TESTS_ARGS)"; else TARGS=(tests -m "gpu and not packaging"); fi
-  run_step "GPU tests" "$OUT/pytest_gpu.log" python3 -m pytest -q -p no:cacheprovider "${TARGS[@]}"
+  args TESTS_ARGS tests -m "gpu and not packaging"
+  run_step "GPU tests" "$OUT/pytest_gpu.log" python3 -m pytest -q -p no:cacheprovider "${ARGS[@]}"
   if [ -f "$OUT/pytest_gpu.log" ]; then
     if tail -1 "$OUT/pytest_gpu.log" | grep -qE "passed|failed|error|no tests ran"; then
       note "GPU tests: $(tail -1 "$OUT/pytest_gpu.log")"
@@ -116,18 +118,18 @@ fi
 # the fusekit command, or the same entry point where pip put the script off PATH
 FUSEKIT=(fusekit); command -v fusekit > /dev/null || FUSEKIT=(python3 -m fusion_backend.tools.cli)
 if has bench; then
-  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  args BENCH_ARGS --models llama --batches 1,32 --positions 1024 --no-generate
   run_step "fusekit bench --phase decode" "$OUT/decode.log" \
-    "${FUSEKIT[@]}" bench --phase decode ${BENCH_ARGS:---models llama --batches 1,32 --positions 1024 --no-generate} --out "$OUT/decode"
+    "${FUSEKIT[@]}" bench --phase decode "${ARGS[@]}" --out "$OUT/decode"
 fi
 if has e2e; then
-  eval "EARGS=(${E2E_ARGS:-})"
+  args E2E_ARGS
   run_step "fusekit bench --phase prefill" "$OUT/e2e.log" "${FUSEKIT[@]}" bench --phase prefill --out "$OUT/e2e" \
-    "${EARGS[@]}"
+    "${ARGS[@]}"
 fi
-# shellcheck disable=SC2086
 if has patterns; then
-  run_step "bench_patterns.py" "$OUT/patterns.log" python3 benchmarks/bench_patterns.py --out "$OUT/patterns" ${PATTERNS_ARGS:-}
+  args PATTERNS_ARGS
+  run_step "bench_patterns.py" "$OUT/patterns.log" python3 benchmarks/bench_patterns.py --out "$OUT/patterns" "${ARGS[@]}"
 fi
 if has attention; then
   run_step "bench_attention.py" "$OUT/attention.log" python3 benchmarks/bench_attention.py --out "$OUT/attention"
@@ -144,17 +146,15 @@ fi
 if has prefill; then
   run_step "bench_prefill_cache.py" "$OUT/prefill_cache.log" python3 benchmarks/bench_prefill_cache.py --out "$OUT/prefill_cache"
 fi
-# shellcheck disable=SC2086
 if has compile; then
-  run_step "bench_compile.py" "$OUT/compile.log" python3 benchmarks/bench_compile.py \
-    ${COMPILE_ARGS:---models llama --phases decode --modes reduce-overhead --batches 32,1 --rounds 3} --out "$OUT/compile"
+  args COMPILE_ARGS --models llama --phases decode --modes reduce-overhead --batches 32,1 --rounds 3
+  run_step "bench_compile.py" "$OUT/compile.log" python3 benchmarks/bench_compile.py "${ARGS[@]}" --out "$OUT/compile"
 fi
 
 if has sanitize; then
-  if [ -n "${SANITIZE_ARGS:-}" ]; then eval "SARGS=($SANITIZE_ARGS)"
-  else SARGS=(tests/test_kernels_gpu.py -k "8bit or w8_rows"); fi
+  args SANITIZE_ARGS tests/test_kernels_gpu.py -k "8bit or w8_rows"
   run_step "compute-sanitizer memcheck" "$OUT/sanitize.log" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider "${SARGS[@]}"
+    python3 -m pytest -q -p no:cacheprovider "${ARGS[@]}"
   [ -f "$OUT/sanitize.log" ] && grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
 fi
 
