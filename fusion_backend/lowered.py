@@ -4,8 +4,13 @@ Inductor's ``woq_int8`` lowering pattern (torch/_inductor/fx_passes/quantization
 weight-only linear, ``F.linear(x, w.to(x.dtype)) * scales`` (torchao's Int8WeightOnlyConfig), before the post-grad
 custom pass runs, and leaves a call of its lowering function in the graph: ``reshape(x, [-1, K])``, then
 ``aten._weight_int8pack_mm``, then a reshape back. ``expand`` writes those three ATen nodes in its place. Inductor
-lowers them exactly as that function would have (aten._weight_int8pack_mm's fallback kernel), so a node no rule
-takes compiles as before.
+lowers them exactly as that function would have (aten._weight_int8pack_mm's fallback kernel).
+
+``lowered.woq_int8_mm`` (on by default): on CUDA that fallback kernel is one thread per output and a dot product of
+K loads from global memory each, with no tiling (aten/src/ATen/native/cuda/int8mm.cu), far from the tensor cores at
+every row count. ``restore`` writes each such node that no rule took back as the linear torchao wrote,
+``mm(x, w.to(x.dtype).t()) * scales``: Inductor then widens the weight in a kernel of its own, runs cuBLAS and
+fuses the scales into what follows. The numbers are eager torchao's, not the fallback's (which rounds once).
 """
 from __future__ import annotations
 
@@ -14,8 +19,12 @@ import contextlib
 import torch
 from torch._guards import detect_fake_mode
 
+from .stats import describe
+
 aten = torch.ops.aten
 _WOQ_MODULE = "torch._inductor.fx_passes.quantization"
+FAMILY = "lowered"
+WOQ_RULE = "lowered.woq_int8_mm"
 
 
 def is_woq_lowering(fn: object) -> bool:
@@ -57,5 +66,41 @@ def expand(graph: torch.fx.Graph) -> int:
             node.meta = {**meta, "val": val}
         n.replace_all_uses_with(y)
         graph.erase_node(n)
+        done += 1
+    return done
+
+
+def restore(graph: torch.fx.Graph, record, cpu_reference: bool = False) -> int:
+    """Each ``aten._weight_int8pack_mm(x, w, scales)`` left in `graph` on CUDA (or on CPU with `cpu_reference`, to
+    test it) as ``mul(mm(x, permute(convert(w, x.dtype))), scales)``; returns how many."""
+    done = 0
+    for n in list(graph.find_nodes(op="call_function", target=aten._weight_int8pack_mm.default)):
+        vals = [getattr(a, "meta", {}).get("val") for a in n.args[:3]]
+        if len(n.args) != 3 or n.kwargs or any(not isinstance(v, torch.Tensor) for v in vals):
+            continue
+        xv, wv, sv = vals
+        if xv.device.type != "cuda" and not (cpu_reference and xv.device.type == "cpu"):
+            continue
+        if xv.dim() != 2 or wv.dim() != 2 or sv.dim() != 1 or wv.dtype != torch.int8:
+            continue
+        x, w, s = n.args
+        meta = {key: v for key, v in n.meta.items() if key not in ("val", "tensor_meta")}
+        with detect_fake_mode(vals) or contextlib.nullcontext():
+            wdv = torch.ops.prims.convert_element_type.default(wv, xv.dtype)
+            wtv = aten.permute.default(wdv, [1, 0])
+            mmv = aten.mm.default(xv, wtv)
+            yv = aten.mul.Tensor(mmv, sv)
+        with graph.inserting_before(n):
+            wd = graph.call_function(torch.ops.prims.convert_element_type.default, (w, xv.dtype))
+            wt = graph.call_function(aten.permute.default, (wd, [1, 0]))
+            mm = graph.call_function(aten.mm.default, (x, wt))
+            y = graph.call_function(aten.mul.Tensor, (mm, s))
+        for node, val in ((wd, wdv), (wt, wtv), (mm, mmv), (y, yv)):
+            node.meta = {**meta, "val": val}
+        n.replace_all_uses_with(y)
+        graph.erase_node(n)
+        record.sites[WOQ_RULE] += 1
+        record.nodes_replaced[WOQ_RULE] += 1
+        record.fused_sites.append((WOQ_RULE, describe(y)))
         done += 1
     return done

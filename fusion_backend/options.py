@@ -20,6 +20,7 @@ class Options:
     window_roll: bool = True           # a full sliding window's roll in place (kv_cache.py)
     window_roll_reader: bool = True    # a layer's two rolls and the op that reads both caches in one (kv_cache.py)
     length_counters: bool = True       # the caches' per-layer length counters advanced in one launch (kv_cache.py)
+    woq_int8_mm: bool = True           # Inductor's int8 weight-only fallback kernel undone on CUDA (lowered.py)
     # Inductor settings the pass may set, per family, where one of the family's rules fired (the backend offers
     # those of registry.InductorSettings that the device and the user's own options allow): (family, keys).
     inductor: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -37,7 +38,7 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     """-> (fusekit's Options, Inductor's config patches: the mode's, then every other key of `options`)."""
     from torch._inductor import list_mode_options
 
-    from . import collectives, kv_cache, table
+    from . import collectives, kv_cache, lowered, table
 
     opts = dict(options or {})
     opt_mode = opts.pop("mode", None)
@@ -55,7 +56,8 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     # the collective and KV-cache rewrites are not table rules: on unless disabled, or left out of a list of named
     # rules (a family's name stands for its rules; the fused collective needs the one-shot one)
     coll = (collectives.FAMILY, *collectives.RULES)
-    graph_rules = (*coll, kv_cache.FAMILY, kv_cache.RULE, kv_cache.READER_RULE, kv_cache.COUNTERS_RULE)
+    graph_rules = (*coll, kv_cache.FAMILY, kv_cache.RULE, kv_cache.READER_RULE, kv_cache.COUNTERS_RULE,
+                   lowered.FAMILY, lowered.WOQ_RULE)
 
     def on(rule: str, family: str = collectives.FAMILY) -> bool:
         return not any(n in (family, rule) for n in off) and (
@@ -67,6 +69,7 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
     roll = on(kv_cache.RULE, kv_cache.FAMILY)
     roll_reader = roll and on(kv_cache.READER_RULE, kv_cache.FAMILY)  # (it fuses the rolls' sites)
     counters = on(kv_cache.COUNTERS_RULE, kv_cache.FAMILY)
+    woq = on(lowered.WOQ_RULE, lowered.FAMILY)
     off = tuple(n for n in off if n not in graph_rules)
     named = None if named is None else tuple(n for n in named if n not in graph_rules)
     fk = Options(
@@ -76,6 +79,7 @@ def parse(mode: str | None, options: Mapping[str, Any] | None) -> tuple[Options,
         window_roll=roll,
         window_roll_reader=roll_reader,
         length_counters=counters,
+        woq_int8_mm=woq,
         cpu_reference=bool(opts.pop("cpu_reference", False)),
         verify=bool(opts.pop("verify", False)),
         report=bool(opts.pop("report", False)),

@@ -114,6 +114,8 @@ class FusekitPass(CustomGraphPass):
                 absorb_output_casts(graph, record)
                 if self.options.window_roll:
                     kv_cache.rewrite(graph, record, self.options.cpu_reference, self.options.window_roll_reader)
+                if self.options.woq_int8_mm:
+                    lowered.restore(graph, record, self.options.cpu_reference)
                 if self.options.length_counters:
                     kv_cache.fold_counters(graph, record, self.options.cpu_reference)
                 if self.options.collectives:

@@ -149,9 +149,9 @@ def test_torchao_int8_dynamic_linears_fire_with_x_quantization(torchao_int_mm):
 LAYERS = 2  # of the tiny torchao Llama
 
 
-def _tiny_torchao_llama(config, ids_shape=(2, 3)):
-    """A tiny bf16 Llama quantized by torchao's `config`, explained and compiled by Inductor on token ids of
-    `ids_shape`: (report, logits of fusekit, eager, Inductor)."""
+def _tiny_torchao_llama(config, ids_shape=(2, 3), **opts):
+    """A tiny bf16 Llama quantized by torchao's `config`, explained (fusekit `opts`) and compiled by Inductor on token
+    ids of `ids_shape`: (report, logits of fusekit, eager, Inductor)."""
     from torchao.quantization import quantize_
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -166,7 +166,7 @@ def _tiny_torchao_llama(config, ids_shape=(2, 3)):
         return m(i, use_cache=False).logits
 
     with torch.no_grad():
-        rep = explain(logits, ids)
+        rep = explain(logits, ids, **opts)
         want = logits(ids)
         torch._dynamo.reset()
         ind = torch.compile(logits, backend="inductor")(ids)
@@ -278,3 +278,26 @@ def test_torchao_float8_weight_only_llama_one_row_fires_every_linear(monkeypatch
     assert fired == {"decode_gemm.linear_fp8_weight_2d": 7 * LAYERS + 1}, str(rep)
     assert not any("aten.mm" in g.graph_code or "aten.sum" in g.graph_code for g in rep.graphs), str(rep)
     _within_twice_inductors_error(rep, want, ind)
+
+
+def test_torchao_int8_weight_only_prefill_undoes_inductors_fallback_kernel():
+    """Past the decode rules' rows (a 2 x 48-token prefill: 96 rows) torchao's Int8WeightOnlyConfig linears reach the
+    post-grad graph as Inductor's woq_int8 lowering, aten._weight_int8pack_mm, whose CUDA kernel is untiled:
+    lowered.woq_int8_mm writes every one (the LM head included) back as torchao's mm of the widened weight times its
+    scales; none is left. Logits within 2x of Inductor's error against eager; disabled, every fallback stays.
+    Skipped without torchao."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    from fusion_backend.lowered import WOQ_RULE
+
+    rep, want, ind = _tiny_torchao_llama(Int8WeightOnlyConfig(), ids_shape=(2, 48))
+    assert rep.sites[WOQ_RULE] == 7 * LAYERS + 1, str(rep)
+    assert not any(k.startswith("decode_gemm.") and v for k, v in rep.sites.items()), str(rep)
+    assert not any("_weight_int8pack_mm" in g.graph_code for g in rep.graphs), str(rep)
+    _within_twice_inductors_error(rep, want, ind)
+
+    off, _, _ = _tiny_torchao_llama(Int8WeightOnlyConfig(), ids_shape=(2, 48), disable=["lowered"])
+    assert off.sites[WOQ_RULE] == 0, str(off)
+    left = sum(g.graph_code.count("_weight_int8pack_mm.default]") for g in off.graphs)
+    assert left == 7 * LAYERS + 1, (left, [g.graph_code for g in off.graphs])

@@ -246,13 +246,15 @@ def doctor_text() -> str:
 def _rewrites_text(cuda: bool) -> list[str]:
     """The graph rewrites that are not table rules (a graph input mutated in place, collectives): each on by default,
     what it needs, and whether its kernel is there (this GPU's, else the sm_90a build's)."""
-    from .. import _ext, collectives, kv_cache
+    from .. import _ext, collectives, kv_cache, lowered
 
     rows = [(kv_cache.RULE, kv_cache.KERNEL, "a full sliding window's roll, in place (any 1/2/4-byte cache dtype)"),
             (kv_cache.READER_RULE, "decode_attention_roll", "a layer's two rolls and its decode attention in one "
              "pass over the window (fp16/bf16)"),
             (kv_cache.COUNTERS_RULE, None, "the caches' per-layer length counters advanced in one launch (Inductor's "
              "foreach kernel), not one each"),
+            (lowered.WOQ_RULE, None, "an int8 weight-only linear no rule took, as torchao's mm of the widened weight "
+             "(Inductor's kernel for it is untiled on CUDA)"),
             (collectives.RULE, None, "tensor-parallel all-reduce of <= 256 KB as torch's one-shot over symmetric "
              "memory (bf16, fp32; every rank on this host)"),
             (collectives.NORM_RULE, collectives.KERNELS[0], "that all-reduce + residual add + RMSNorm in one kernel")]
