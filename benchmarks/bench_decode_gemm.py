@@ -83,14 +83,16 @@ def _int8_dynamic_linear(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor) -> 
 
 
 def _w8a8_op():
-    """The op alone, on x quantized once beforehand (per x)."""
+    """The op the rules fire, alone, on x quantized once beforehand (per x): decode_linear_w8a8 up to the decode
+    rule's rows, linear_w8a8 (the tiled GEMM of quantize.linear_w8a8) past them."""
     quantized: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def op(x, w, ws):
         if id(x) not in quantized:
             quantized[id(x)] = (x, *_i8_dyn_rows(x))
         _, xq, xs = quantized[id(x)]
-        return torch.ops.fusekit.decode_linear_w8a8(xq, xs, w, ws, x.dtype)
+        tiled = xs.numel() > MAX_ROWS["linear_w8a8"]
+        return (torch.ops.fusekit.linear_w8a8 if tiled else torch.ops.fusekit.decode_linear_w8a8)(xq, xs, w, ws, x.dtype)
 
     return op
 

@@ -98,6 +98,9 @@ OPS = {
     # rounded to dtype (float16 or bfloat16), or stored as out_dtype float32 unrounded
     "decode_linear_w8a8": OpSpec("decode_linear_w8a8(Tensor xq, Tensor xs, Tensor w, Tensor ws, ScalarType dtype, "
                                  "ScalarType? out_dtype=None) -> Tensor"),
+    # the same linear at many rows (prefill): a tiled tensor-core GEMM (CUTLASS, sm_90a), both scales in its epilogue
+    "linear_w8a8": OpSpec("linear_w8a8(Tensor xq, Tensor xs, Tensor w, Tensor ws, ScalarType dtype, "
+                          "ScalarType? out_dtype=None) -> Tensor"),
     # a float8 dynamic per-row linear of a few rows, x's quantization included: x [..., K] quantized per row to e4m3
     # (scale max|x| / 448), @ w[N, K]^T (e4m3), times both scales (w_scale [N, 1] float32); torchao's
     # Float8DynamicActivationFloat8WeightConfig(PerRow) as aten._scaled_mm computes it
@@ -340,6 +343,7 @@ def _decode_qkv_fake(x, wq, wk, wv, bq=None, bk=None, bv=None):
 
 
 @torch.library.register_fake("fusekit::decode_linear_w8a8")
+@torch.library.register_fake("fusekit::linear_w8a8")
 def _(xq, xs, w, ws, dtype, out_dtype=None):
     torch._check(xq.dtype == torch.int8 and w.dtype == torch.int8 and w.dim() == 2 and xq.shape[-1] == w.shape[1],
                  lambda: f"decode_linear_w8a8: want xq int8 [..., K], w int8 [N, K]; got {xq.dtype} {tuple(xq.shape)}, "

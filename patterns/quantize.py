@@ -11,6 +11,8 @@ from torch import Tensor
 from fusion_backend import guards as G
 from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
+from .decode_gemm import _w8a8_inputs, _w8a8_int_mm_cpu, decode_linear_w8a8_ref, int8_operands
+
 
 FP8 = torch.float8_e4m3fn
 
@@ -132,6 +134,40 @@ def _per_tensor(pid: str, **kw) -> Pattern:
         tol=EXACT, fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),)), **kw)
 
 
+def _tile_columns(w: str) -> G.Guard:
+    """Can fire: N a multiple of 8 (the tiled GEMM's output rows are stored 16 bytes at a time)."""
+    def check(s: G.Site) -> str | None:
+        n = s.tensor(w).shape[0]
+        return None if n % 8 == 0 else f"N={n} is not a multiple of 8"
+
+    return G.Guard(f"tile_columns({w})", check)
+
+
+# test shapes (*rows, K, N): rows past the decode rules' 32 (which take fewer first), one and several 128-row tiles,
+# K not a multiple of the 128-wide k tile, N not of the 128-wide column tile
+W8A8_CASES = {3: ((2, 40, 32, 40), (1, 33, 48, 24)), 2: ((80, 32, 40), (33, 16, 24))}
+W8A8_GPU_CASES = {3: ((4, 512, 2048, 512), (2, 100, 1552, 136)), 2: ((2048, 5632, 2048), (300, 2048, 5632),
+                                                                     (33, 80, 200))}
+
+
+def _w8a8_tiled(rank: int, out: torch.dtype) -> Pattern:
+    """torchao's int8 dynamic-activation int8-weight linear past a decode step's rows (prefill; x quantized by
+    Inductor's kernel): the products and both scales in one tiled GEMM (Inductor: cuBLAS's aten._int_mm writes int32
+    products, a second kernel reads them back for the scales). Matched after decode_gemm.linear_w8a8, which takes up
+    to 32 rows."""
+    trace_case = (2, 40, 16, 24) if rank == 3 else (80, 16, 24)
+    return Pattern(
+        f"quantize.linear_w8a8_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
+        op="linear_w8a8", static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
+        trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
+        output_casts=(torch.float32,), cast_any_user=True,
+        guards=(int8_operands("xq", "xs", "w", "ws"), _tile_columns("w")),
+        fixtures=Fixtures(
+            cases=W8A8_CASES[rank], gpu_cases=W8A8_GPU_CASES[rank],
+            bad_layout=lambda dt, dev: _w8a8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
 PATTERNS = [
     # Without an epsilon (before the rules with one, which would take its clamp(min=0.0) form too)
     _dyn("quantize.dyn_quant_i8_no_eps", dyn_quant_i8_ref, "dyn_quant_i8", static={"eps": 0.0},  # hand-written W8A8
@@ -173,4 +209,5 @@ PATTERNS = [
     _per_tensor("quantize.quant_i8", variants=(  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
         lambda x, scale, zp, qmin, qmax: (x / scale + zp).round().clamp(qmin, qmax).to(torch.int8),
         lambda x, scale, zp, qmin, qmax: torch.clamp(torch.round(x / scale + zp), qmin, qmax).char())),
+    *[_w8a8_tiled(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
 ]
