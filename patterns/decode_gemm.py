@@ -35,6 +35,9 @@ sums, torchao's two roundings, eager's output to the bit. Where those do not fir
 quantization of x is ``fusekit::decode_linear_w8a8``. cuBLAS's aten._int_mm refuses 16 rows or fewer (Inductor's step
 fails there); at 32 rows the w8a8 op measured 1.32-1.96x Inductor's GEMM and scales kernel, at 64 0.53-1.48x, and the
 Llama-style int8 dynamic step with every linear whole 7.85x Inductor's at batch 32 (H200, benchmarks/RESULTS.md).
+Past the decode rows (prefill: from 256 rows and 1M outputs) that GEMM is ``fusekit::linear_w8a8`` (``linear_w8a8_tiled``:
+CUTLASS's tiled s8 GEMM, both scales in its epilogue, sm_90a), where Inductor's aten._int_mm writes int32 products and
+a second kernel reads them back: 1.22-2.54x Inductor's linear at 2048 rows (H100, benchmarks/RESULTS.md).
 
 transformers' RMSNorm before q/k/v or gate/up can go inside their launch (``fusekit::decode_rms_qkv``,
 ``decode_rms_linear``: each CTA adds up h^2 of the rows it reads and scales its sums) and the residual add after o
@@ -813,6 +816,61 @@ def _w8a8_rule(rank: int, out: torch.dtype) -> Pattern:
     )
 
 
+def _tile_columns(w: str) -> G.Guard:
+    """Can fire: N a multiple of 8 (the tiled GEMM's output rows are stored 16 bytes at a time)."""
+    def check(s: G.Site) -> str | None:
+        n = s.tensor(w).shape[0]
+        return None if n % 8 == 0 else f"N={n} is not a multiple of 8"
+
+    return G.Guard(f"tile_columns({w})", check)
+
+
+# Where the tiled GEMM fires by default: at least TILED_MIN_ROWS rows and TILED_MIN_OUTPUTS outputs. H100, torch 2.11,
+# Llama-style linears compiled whole (x's quantization included), us, Inductor -> fusekit: at 2048 rows every one faster
+# (q 43.6 -> 25.0, k/v 23.2 -> 19.0, gate 103.5 -> 47.4, down 98.9 -> 61.3, LM head 522.3 -> 205.9); at 256 rows gate
+# (1.4M outputs) 21.5 -> 13.5 and the LM head 75.9 -> 36.2, but q, k/v and down (0.1-0.5M) 0-4% slower; at 64 rows
+# every one 5-10% slower (cuBLAS's int8 GEMM and Inductor's scales kernel; benchmarks/RESULTS.md).
+TILED_MIN_ROWS, TILED_MIN_OUTPUTS = 256, 1 << 20
+
+
+def _tiled_rows(xq: str, w: str) -> G.Guard:
+    """Policy: at least TILED_MIN_ROWS rows and TILED_MIN_OUTPUTS outputs (rows x N)."""
+    def check(s: G.Site) -> str | None:
+        tq, n = s.tensor(xq), s.tensor(w).shape[0]
+        rows = tq.numel() // tq.shape[-1]
+        if rows >= TILED_MIN_ROWS and rows * n >= TILED_MIN_OUTPUTS:
+            return None
+        return (f"{rows} rows x N={n}: under {TILED_MIN_ROWS} rows or {TILED_MIN_OUTPUTS} outputs, cuBLAS's int8 GEMM "
+                f"and Inductor's scales kernel measured as fast")
+
+    return G.Guard(f"tiled_rows({xq}, {w})", check, policy=True)
+
+
+# test shapes (*rows, K, N): one and several 128-row tiles, K not a multiple of the 128-wide k tile, N not of the
+# 128-wide column tile; the CPU cases at the policy's edge (256 rows x 4096 outputs) and past it
+W8A8_CASES = {3: ((2, 128, 32, 4096), (1, 300, 48, 4104)), 2: ((256, 32, 4096), (300, 16, 4104))}
+W8A8_GPU_CASES = {3: ((4, 512, 2048, 512), (2, 200, 1552, 2824)), 2: ((2048, 5632, 2048), (300, 2048, 5632),
+                                                                      (257, 80, 4096))}
+
+
+def _w8a8_tiled(rank: int, out: torch.dtype) -> Pattern:
+    """torchao's int8 dynamic-activation int8-weight linear past a decode step's rows (prefill; x quantized by
+    Inductor's kernel): the products and both scales in one tiled GEMM (Inductor: cuBLAS's aten._int_mm writes int32
+    products, a second kernel reads them back for the scales). Matched after linear_w8a8, which takes up to 32
+    rows; by default only at prefill sizes (_tiled_rows)."""
+    trace_case = (2, 40, 16, 24) if rank == 3 else (80, 16, 24)
+    return Pattern(
+        f"decode_gemm.linear_w8a8_tiled_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
+        op="linear_w8a8", static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
+        trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
+        output_casts=(torch.float32,), cast_any_user=True,
+        guards=(int8_operands("xq", "xs", "w", "ws"), _tile_columns("w"), _tiled_rows("xq", "w")),
+        fixtures=Fixtures(
+            cases=W8A8_CASES[rank], gpu_cases=W8A8_GPU_CASES[rank],
+            bad_layout=lambda dt, dev: _w8a8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
+    )
+
+
 def _int8_weight(n: int, k: int, dev) -> tuple[Tensor, Tensor]:
     """An int8 [n, k] weight and its float32 [n, 1] per-row scales (torchao's Int8Tensor of a weight)."""
     return (torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8),
@@ -1010,6 +1068,7 @@ PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch (opt-in)
             _int8dyn_gate_up_rule(3, "gelu_tanh_mul"), _int8dyn_gate_up_rule(2, "gelu_tanh_mul"),
             _int8dyn_qkv_rule(3), _int8dyn_qkv_rule(2), _int8dyn_rule(3), _int8dyn_rule(2),
             *[_w8a8_rule(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
+            *[_w8a8_tiled(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
             # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm;
             # gate/up and q/k/v of one x before the one-weight linear
             _fp8_gate_up_rule(3, "silu_mul"), _fp8_gate_up_rule(2, "silu_mul"),

@@ -11,8 +11,6 @@ from torch import Tensor
 from fusion_backend import guards as G
 from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
-from .decode_gemm import _w8a8_inputs, _w8a8_int_mm_cpu, decode_linear_w8a8_ref, int8_operands
-
 
 FP8 = torch.float8_e4m3fn
 
@@ -134,61 +132,6 @@ def _per_tensor(pid: str, **kw) -> Pattern:
         tol=EXACT, fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),)), **kw)
 
 
-def _tile_columns(w: str) -> G.Guard:
-    """Can fire: N a multiple of 8 (the tiled GEMM's output rows are stored 16 bytes at a time)."""
-    def check(s: G.Site) -> str | None:
-        n = s.tensor(w).shape[0]
-        return None if n % 8 == 0 else f"N={n} is not a multiple of 8"
-
-    return G.Guard(f"tile_columns({w})", check)
-
-
-# Where the tiled GEMM fires by default: at least TILED_MIN_ROWS rows and TILED_MIN_OUTPUTS outputs. H100, torch 2.11,
-# Llama-style linears compiled whole (x's quantization included), us, Inductor -> fusekit: at 2048 rows every one faster
-# (q 43.6 -> 25.0, k/v 23.2 -> 19.0, gate 103.5 -> 47.4, down 98.9 -> 61.3, LM head 522.3 -> 205.9); at 256 rows gate
-# (1.4M outputs) 21.5 -> 13.5 and the LM head 75.9 -> 36.2, but q, k/v and down (0.1-0.5M) 0-4% slower; at 64 rows
-# every one 5-10% slower (cuBLAS's int8 GEMM and Inductor's scales kernel; benchmarks/RESULTS.md).
-TILED_MIN_ROWS, TILED_MIN_OUTPUTS = 256, 1 << 20
-
-
-def _tiled_rows(xq: str, w: str) -> G.Guard:
-    """Policy: at least TILED_MIN_ROWS rows and TILED_MIN_OUTPUTS outputs (rows x N)."""
-    def check(s: G.Site) -> str | None:
-        tq, n = s.tensor(xq), s.tensor(w).shape[0]
-        rows = tq.numel() // tq.shape[-1]
-        if rows >= TILED_MIN_ROWS and rows * n >= TILED_MIN_OUTPUTS:
-            return None
-        return (f"{rows} rows x N={n}: under {TILED_MIN_ROWS} rows or {TILED_MIN_OUTPUTS} outputs, cuBLAS's int8 GEMM "
-                f"and Inductor's scales kernel measured as fast")
-
-    return G.Guard(f"tiled_rows({xq}, {w})", check, policy=True)
-
-
-# test shapes (*rows, K, N): one and several 128-row tiles, K not a multiple of the 128-wide k tile, N not of the
-# 128-wide column tile; the CPU cases at the policy's edge (256 rows x 4096 outputs) and past it
-W8A8_CASES = {3: ((2, 128, 32, 4096), (1, 300, 48, 4104)), 2: ((256, 32, 4096), (300, 16, 4104))}
-W8A8_GPU_CASES = {3: ((4, 512, 2048, 512), (2, 200, 1552, 2824)), 2: ((2048, 5632, 2048), (300, 2048, 5632),
-                                                                      (257, 80, 4096))}
-
-
-def _w8a8_tiled(rank: int, out: torch.dtype) -> Pattern:
-    """torchao's int8 dynamic-activation int8-weight linear past a decode step's rows (prefill; x quantized by
-    Inductor's kernel): the products and both scales in one tiled GEMM (Inductor: cuBLAS's aten._int_mm writes int32
-    products, a second kernel reads them back for the scales). Matched after decode_gemm.linear_w8a8, which takes up
-    to 32 rows; by default only at prefill sizes (_tiled_rows)."""
-    trace_case = (2, 40, 16, 24) if rank == 3 else (80, 16, 24)
-    return Pattern(
-        f"quantize.linear_w8a8_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
-        op="linear_w8a8", static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
-        trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
-        output_casts=(torch.float32,), cast_any_user=True,
-        guards=(int8_operands("xq", "xs", "w", "ws"), _tile_columns("w"), _tiled_rows("xq", "w")),
-        fixtures=Fixtures(
-            cases=W8A8_CASES[rank], gpu_cases=W8A8_GPU_CASES[rank],
-            bad_layout=lambda dt, dev: _w8a8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
-    )
-
-
 PATTERNS = [
     # Without an epsilon (before the rules with one, which would take its clamp(min=0.0) form too)
     _dyn("quantize.dyn_quant_i8_no_eps", dyn_quant_i8_ref, "dyn_quant_i8", static={"eps": 0.0},  # hand-written W8A8
@@ -230,5 +173,4 @@ PATTERNS = [
     _per_tensor("quantize.quant_i8", variants=(  # static per-tensor INT8 (the user's kernel-fusion project): 5 kernels -> 1
         lambda x, scale, zp, qmin, qmax: (x / scale + zp).round().clamp(qmin, qmax).to(torch.int8),
         lambda x, scale, zp, qmin, qmax: torch.clamp(torch.round(x / scale + zp), qmin, qmax).char())),
-    *[_w8a8_tiled(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
 ]

@@ -196,23 +196,23 @@ def test_torchao_int8_dynamic_llama_fires_every_linear_per_layer(torchao_int_mm)
 def test_torchao_int8_dynamic_llama_prefill_fires_the_tiled_gemm_per_linear(torchao_int_mm):
     """The same tiny Llama at prefill (2 x 48 tokens: 96 rows, past the decode rules' 32), the tiled rules named (its
     widths are under their policy's 256 rows and 1M outputs): x's quantization stays Inductor's (fused into what
-    makes x) and every int8 GEMM, the LM head included, fires quantize.linear_w8a8 (the scales in the tiled GEMM's
-    epilogue); no aten._int_mm is left; logits within 2x of Inductor's error against eager. Unnamed, none fires and
-    each says why. Skipped without torchao."""
+    makes x) and every int8 GEMM, the LM head included, fires decode_gemm.linear_w8a8_tiled (the scales in the tiled
+    GEMM's epilogue) and no other decode GEMM rule; no aten._int_mm is left; logits within 2x of Inductor's error
+    against eager. Unnamed, none fires and each says why. Skipped without torchao."""
     pytest.importorskip("torchao")
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
-    tiled = [f"quantize.linear_w8a8_{d}{r}" for d in ("bfloat16", "float16") for r in ("", "_2d")]
+    tiled = [f"decode_gemm.linear_w8a8_tiled_{d}{r}" for d in ("bfloat16", "float16") for r in ("", "_2d")]
     rep, want, ind = _tiny_torchao_llama(Int8DynamicActivationInt8WeightConfig(), ids_shape=(2, 48), enable=tiled)
-    fired = {k: v for k, v in rep.sites.items() if v and k.startswith(("decode_gemm.", "quantize."))}
-    assert sum(v for k, v in fired.items() if k.startswith("quantize.linear_w8a8")) == 7 * LAYERS + 1, str(rep)
-    assert not any(k.startswith("decode_gemm.") for k in fired), str(rep)
+    fired = {k: v for k, v in rep.sites.items() if v and k.startswith("decode_gemm.")}
+    assert sum(v for k, v in fired.items() if k.startswith("decode_gemm.linear_w8a8_tiled")) == 7 * LAYERS + 1, str(rep)
+    assert all(k.startswith("decode_gemm.linear_w8a8_tiled") for k in fired), str(rep)
     assert not any("aten._int_mm" in g.graph_code for g in rep.graphs), str(rep)
     _within_twice_inductors_error(rep, want, ind)
 
     off, _, _ = _tiny_torchao_llama(Int8DynamicActivationInt8WeightConfig(), ids_shape=(2, 48))
-    assert not any(v for k, v in off.sites.items() if k.startswith("quantize.linear_w8a8")), str(off)
-    assert any(m.pattern.startswith("quantize.linear_w8a8") and m.policy and "96 rows" in m.reason
+    assert not any(v for k, v in off.sites.items() if k.startswith("decode_gemm.linear_w8a8_tiled")), str(off)
+    assert any(m.pattern.startswith("decode_gemm.linear_w8a8_tiled") and m.policy and "96 rows" in m.reason
                for m in off.near_misses), str(off)
 
 
