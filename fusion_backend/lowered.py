@@ -40,6 +40,22 @@ def _static(*shapes: torch.Size) -> bool:
     return all(isinstance(d, int) for s in shapes for d in s)
 
 
+def _emit(graph: torch.fx.Graph, target, args: tuple, meta: dict) -> torch.fx.Node:
+    """`target(*args)` as a node at the graph's insertion point, its meta `meta` plus the value computed from its
+    arguments' values (under their fake mode)."""
+    vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or contextlib.nullcontext():
+        val = target(*vals)
+    node = graph.call_function(target, args)
+    node.meta = {**meta, "val": val}
+    return node
+
+
+def _meta(n: torch.fx.Node) -> dict:
+    """n's meta but its value: what the nodes that replace it keep (stack trace, ...)."""
+    return {key: v for key, v in n.meta.items() if key not in ("val", "tensor_meta")}
+
+
 def expand(graph: torch.fx.Graph) -> int:
     """Replace each woq_int8 lowering call of static shapes by its ATen ops; returns how many."""
     done = 0
@@ -51,19 +67,11 @@ def expand(graph: torch.fx.Graph) -> int:
                 *(v.shape for v in vals), out_val.shape):
             continue  # symbolic sizes: Inductor's lowering keeps it
         x, w, s = args
-        xv, wv, sv = vals
-        k = xv.shape[-1]
-        with detect_fake_mode(vals) or contextlib.nullcontext():
-            x2v = xv.reshape(-1, k)
-            mmv = aten._weight_int8pack_mm.default(x2v, wv, sv)
-            yv = mmv.reshape(out_val.shape)
-        meta = {key: v for key, v in n.meta.items() if key not in ("val", "tensor_meta")}
+        meta = _meta(n)
         with graph.inserting_before(n):
-            x2 = graph.call_function(aten.reshape.default, (x, [-1, k]))
-            mm = graph.call_function(aten._weight_int8pack_mm.default, (x2, w, s))
-            y = graph.call_function(aten.reshape.default, (mm, list(out_val.shape)))
-        for node, val in ((x2, x2v), (mm, mmv), (y, yv)):
-            node.meta = {**meta, "val": val}
+            x2 = _emit(graph, aten.reshape.default, (x, [-1, vals[0].shape[-1]]), meta)
+            mm = _emit(graph, aten._weight_int8pack_mm.default, (x2, w, s), meta)
+            y = _emit(graph, aten.reshape.default, (mm, list(out_val.shape)), meta)
         n.replace_all_uses_with(y)
         graph.erase_node(n)
         done += 1
@@ -84,19 +92,12 @@ def restore(graph: torch.fx.Graph, record, cpu_reference: bool = False) -> int:
         if xv.dim() != 2 or wv.dim() != 2 or sv.dim() != 1 or wv.dtype != torch.int8:
             continue
         x, w, s = n.args
-        meta = {key: v for key, v in n.meta.items() if key not in ("val", "tensor_meta")}
-        with detect_fake_mode(vals) or contextlib.nullcontext():
-            wdv = torch.ops.prims.convert_element_type.default(wv, xv.dtype)
-            wtv = aten.permute.default(wdv, [1, 0])
-            mmv = aten.mm.default(xv, wtv)
-            yv = aten.mul.Tensor(mmv, sv)
+        meta = _meta(n)
         with graph.inserting_before(n):
-            wd = graph.call_function(torch.ops.prims.convert_element_type.default, (w, xv.dtype))
-            wt = graph.call_function(aten.permute.default, (wd, [1, 0]))
-            mm = graph.call_function(aten.mm.default, (x, wt))
-            y = graph.call_function(aten.mul.Tensor, (mm, s))
-        for node, val in ((wd, wdv), (wt, wtv), (mm, mmv), (y, yv)):
-            node.meta = {**meta, "val": val}
+            wd = _emit(graph, torch.ops.prims.convert_element_type.default, (w, xv.dtype), meta)
+            wt = _emit(graph, aten.permute.default, (wd, [1, 0]), meta)
+            mm = _emit(graph, aten.mm.default, (x, wt), meta)
+            y = _emit(graph, aten.mul.Tensor, (mm, s), meta)
         n.replace_all_uses_with(y)
         graph.erase_node(n)
         record.sites[WOQ_RULE] += 1
