@@ -35,9 +35,10 @@ sums, torchao's two roundings, eager's output to the bit. Where those do not fir
 quantization of x is ``fusekit::decode_linear_w8a8``. cuBLAS's aten._int_mm refuses 16 rows or fewer (Inductor's step
 fails there); at 32 rows the w8a8 op measured 1.32-1.96x Inductor's GEMM and scales kernel, at 64 0.53-1.48x, and the
 Llama-style int8 dynamic step with every linear whole 7.85x Inductor's at batch 32 (H200, benchmarks/RESULTS.md).
-Past the decode rows (prefill: from 256 rows and 1M outputs) that GEMM is ``fusekit::linear_w8a8`` (``linear_w8a8_tiled``:
-CUTLASS's tiled s8 GEMM, both scales in its epilogue, sm_90a), where Inductor's aten._int_mm writes int32 products and
-a second kernel reads them back: 1.22-2.54x Inductor's linear at 2048 rows (H100, benchmarks/RESULTS.md).
+Past the decode rows (prefill: from 256 rows and 1M outputs) that GEMM is ``fusekit::linear_w8a8``
+(``linear_w8a8_tiled``: CUTLASS's tiled s8 GEMM, both scales in its epilogue, sm_90a), where Inductor's aten._int_mm
+writes int32 products and a second kernel reads them back: 1.22-2.54x Inductor's linear at 2048 rows (H100,
+benchmarks/RESULTS.md).
 
 transformers' RMSNorm before q/k/v or gate/up can go inside their launch (``fusekit::decode_rms_qkv``,
 ``decode_rms_linear``: each CTA adds up h^2 of the rows it reads and scales its sums) and the residual add after o
@@ -800,22 +801,6 @@ def _w8a8_inputs(case, dt, dev):
             *_int8_weight(n, k, dev))
 
 
-def _w8a8_rule(rank: int, out: torch.dtype) -> Pattern:
-    """torchao's int8 dynamic-activation int8-weight linear of a decode step (x already quantized, by Inductor's
-    kernel): the int8 products and both scales in one launch (Inductor: aten._int_mm, then an epilogue kernel)."""
-    trace_case = (2, 1, 16, 24) if rank == 3 else (2, 16, 24)
-    return Pattern(
-        f"decode_gemm.linear_w8a8_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
-        op="decode_linear_w8a8", static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
-        trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
-        output_casts=(torch.float32,), cast_any_user=True,
-        guards=(int8_operands("xq", "xs", "w", "ws"), few_rows("xq", "linear_w8a8")),
-        fixtures=Fixtures(
-            cases=W8_CASES[rank], gpu_cases=W8_GPU_CASES[rank],
-            bad_layout=lambda dt, dev: _w8a8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
-    )
-
-
 def _tile_columns(w: str) -> G.Guard:
     """Can fire: N a multiple of 8 (the tiled GEMM's output rows are stored 16 bytes at a time)."""
     def check(s: G.Site) -> str | None:
@@ -853,20 +838,24 @@ W8A8_GPU_CASES = {3: ((4, 512, 2048, 512), (2, 200, 1552, 2824)), 2: ((2048, 563
                                                                       (257, 80, 4096))}
 
 
-def _w8a8_tiled(rank: int, out: torch.dtype) -> Pattern:
-    """torchao's int8 dynamic-activation int8-weight linear past a decode step's rows (prefill; x quantized by
-    Inductor's kernel): the products and both scales in one tiled GEMM (Inductor: cuBLAS's aten._int_mm writes int32
-    products, a second kernel reads them back for the scales). Matched after linear_w8a8, which takes up to 32
-    rows; by default only at prefill sizes (_tiled_rows)."""
-    trace_case = (2, 40, 16, 24) if rank == 3 else (80, 16, 24)
+def _w8a8_rule(rank: int, out: torch.dtype, tiled: bool = False) -> Pattern:
+    """torchao's int8 dynamic-activation int8-weight linear after x's quantization (by Inductor's kernel): the int8
+    products and both scales in one launch (Inductor: aten._int_mm, then an epilogue kernel). At a decode step's
+    rows (up to 32) ``decode_linear_w8a8``; `tiled`: past them, by default only at prefill sizes (_tiled_rows), the
+    tiled GEMM ``linear_w8a8``, matched after the decode rule."""
+    rows = 40 if tiled else 1  # traced past the decode rows, or at one
+    trace_case = (2, rows, 16, 24) if rank == 3 else (2 * rows, 16, 24)
+    name, op = ("linear_w8a8_tiled", "linear_w8a8") if tiled else ("linear_w8a8", "decode_linear_w8a8")
+    policy = (_tile_columns("w"), _tiled_rows("xq", "w")) if tiled else (few_rows("xq", "linear_w8a8"),)
     return Pattern(
-        f"decode_gemm.linear_w8a8_tiled_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
-        op="linear_w8a8", static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
+        f"decode_gemm.{name}_{str(out)[6:]}{'' if rank == 3 else '_2d'}", reference=decode_linear_w8a8_ref,
+        op=op, static={"dtype": out, "out_dtype": None}, dtypes=(torch.int8,), inputs=_w8a8_inputs,
         trace="inductor", trace_case=trace_case, variants=(_w8a8_int_mm_cpu(out),), tol=EXACT,
         output_casts=(torch.float32,), cast_any_user=True,
-        guards=(int8_operands("xq", "xs", "w", "ws"), _tile_columns("w"), _tiled_rows("xq", "w")),
+        guards=(int8_operands("xq", "xs", "w", "ws"), *policy),
         fixtures=Fixtures(
-            cases=W8A8_CASES[rank], gpu_cases=W8A8_GPU_CASES[rank],
+            cases=(W8A8_CASES if tiled else W8_CASES)[rank],
+            gpu_cases=(W8A8_GPU_CASES if tiled else W8_GPU_CASES)[rank],
             bad_layout=lambda dt, dev: _w8a8_inputs((*trace_case[:-2], 24, 8), dt, dev), bad_reason="multiple of 16"),
     )
 
@@ -1068,7 +1057,7 @@ PATTERNS = [  # the RMSNorm before q/k/v or gate/up inside their launch (opt-in)
             _int8dyn_gate_up_rule(3, "gelu_tanh_mul"), _int8dyn_gate_up_rule(2, "gelu_tanh_mul"),
             _int8dyn_qkv_rule(3), _int8dyn_qkv_rule(2), _int8dyn_rule(3), _int8dyn_rule(2),
             *[_w8a8_rule(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
-            *[_w8a8_tiled(rank, out) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
+            *[_w8a8_rule(rank, out, tiled=True) for out in (torch.bfloat16, torch.float16) for rank in (3, 2)],
             # float8 dynamic per-row (torchao's Float8DynamicActivationFloat8WeightConfig(PerRow)): aten._scaled_mm;
             # gate/up and q/k/v of one x before the one-weight linear
             _fp8_gate_up_rule(3, "silu_mul"), _fp8_gate_up_rule(2, "silu_mul"),
