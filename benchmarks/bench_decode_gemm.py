@@ -83,8 +83,9 @@ def _int8_dynamic_linear(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor) -> 
 
 
 def _w8a8_op():
-    """The op the rules fire, alone, on x quantized once beforehand (per x): decode_linear_w8a8 up to the decode
-    rule's rows, linear_w8a8 (the tiled GEMM of decode_gemm.linear_w8a8_tiled) past them."""
+    """The w8a8 op alone, on x quantized once beforehand (per x): decode_linear_w8a8 up to the decode rule's rows,
+    past them linear_w8a8 (the tiled GEMM, whose rule fires by default only from TILED_MIN_ROWS rows and
+    TILED_MIN_OUTPUTS outputs)."""
     quantized: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def op(x, w, ws):

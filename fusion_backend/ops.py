@@ -346,13 +346,13 @@ def _decode_qkv_fake(x, wq, wk, wv, bq=None, bk=None, bv=None):
 @torch.library.register_fake("fusekit::linear_w8a8")
 def _(xq, xs, w, ws, dtype, out_dtype=None):
     torch._check(xq.dtype == torch.int8 and w.dtype == torch.int8 and w.dim() == 2 and xq.shape[-1] == w.shape[1],
-                 lambda: f"decode_linear_w8a8: want xq int8 [..., K], w int8 [N, K]; got {xq.dtype} {tuple(xq.shape)}, "
-                         f"{w.dtype} {tuple(w.shape)}")
+                 lambda: f"(decode_)linear_w8a8: want xq int8 [..., K], w int8 [N, K]; got {xq.dtype} "
+                         f"{tuple(xq.shape)}, {w.dtype} {tuple(w.shape)}")
     torch._check(xs.dtype == torch.float32 and ws.dtype == torch.float32 and ws.numel() == w.shape[0],
-                 lambda: f"decode_linear_w8a8: want float32 scales xs [..., 1], ws [N]; got {xs.dtype} "
+                 lambda: f"(decode_)linear_w8a8: want float32 scales xs [..., 1], ws [N]; got {xs.dtype} "
                          f"{tuple(xs.shape)}, {ws.dtype} {tuple(ws.shape)}")
     torch._check(dtype in (torch.float16, torch.bfloat16) and out_dtype in (None, dtype, torch.float32),
-                 lambda: f"decode_linear_w8a8: dtype {dtype}, out_dtype {out_dtype}")
+                 lambda: f"(decode_)linear_w8a8: dtype {dtype}, out_dtype {out_dtype}")
     return xq.new_empty((*xq.shape[:-1], w.shape[0]), dtype=out_dtype or dtype)  # contiguous
 
 
