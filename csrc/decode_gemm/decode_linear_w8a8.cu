@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "decode_gemm/decode_linear.cuh"
+#include "decode_gemm/w8a8_args.h"
 #include "dtype_dispatch.cuh"
 
 namespace fusekit {
@@ -157,30 +158,11 @@ void launch_rows(const W8A8Params& p, cudaStream_t stream) {
 at::Tensor decode_linear_w8a8_cuda(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& w,
                                    const at::Tensor& ws, at::ScalarType dtype,
                                    std::optional<at::ScalarType> out_dtype) {
-  FK_CHECK_CUDA(xq);
-  TORCH_CHECK(xq.scalar_type() == at::kChar && xq.dim() >= 1 && xq.is_contiguous() && aligned16(xq.data_ptr()),
-              "fusekit: decode_linear_w8a8: xq must be contiguous, 16-byte aligned int8; got ", describe(xq));
-  const int64_t k = xq.size(-1);
-  TORCH_CHECK(k > 0 && k % 16 == 0 && k < (int64_t{1} << 31),
-              "fusekit: decode_linear_w8a8: K = xq.shape[-1] must be a positive multiple of 16; got ", describe(xq));
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == k && w.device() == xq.device() &&
-                  w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) < (int64_t{1} << 30),
-              "fusekit: decode_linear_w8a8: w must be a contiguous, 16-byte aligned int8 [N, K] on xq's device with "
-              "K = xq.shape[-1]; got xq ", describe(xq), ", w ", describe(w));
-  const int64_t m = decode_gemm::rows(xq, "decode_linear_w8a8");
-  // (counts spelled by std::to_string: an H200 run segfaulted building this message with the int streamed in)
-  TORCH_CHECK(xs.scalar_type() == at::kFloat && xs.numel() == m && xs.is_contiguous() && xs.device() == xq.device(),
-              "fusekit: decode_linear_w8a8: xs must be " + std::to_string(m) +
-                  " contiguous float32 row scales on xq's device; got " + describe(xs));
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() == w.size(0) && ws.is_contiguous() &&
-                  ws.device() == xq.device(),
-              "fusekit: decode_linear_w8a8: ws must be " + std::to_string(w.size(0)) +
-                  " contiguous float32 weight scales on xq's device; got " + describe(ws));
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
-              "fusekit: decode_linear_w8a8: dtype must be float16 or bfloat16; got ", dtype);
-  const bool f32 = out_dtype.has_value() && *out_dtype != dtype;
-  TORCH_CHECK(!f32 || *out_dtype == at::kFloat,
-              "fusekit: decode_linear_w8a8: out_dtype must be None, dtype or float32; got ", *out_dtype);
+  // rows: the launch's grid.y of 16-row tiles (decode_gemm::rows' limit); N under 2^30: the 8-column CTAs' grid.x
+  const W8A8Shape a = check_w8a8_args("decode_linear_w8a8", xq, xs, w, ws, dtype, out_dtype, 65535 * 16, 1,
+                                      int64_t{1} << 30);
+  const int64_t m = a.m, k = a.k;
+  const bool f32 = a.f32;
   c10::cuda::CUDAGuard guard(xq.device());
   std::vector<int64_t> shape(xq.sizes().begin(), xq.sizes().end());
   shape.back() = w.size(0);

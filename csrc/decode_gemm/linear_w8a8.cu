@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "checks.h"  // describe, aligned16
+#include "decode_gemm/w8a8_args.h"
 #include "launch.cuh"  // sm_count
 
 // CUTLASS wants NDEBUG, set after every torch header (csrc/batched_matmul/matmul_dispatch.cuh says why)
@@ -124,31 +124,11 @@ void run(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& w, const 
 
 at::Tensor linear_w8a8_cuda(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& w, const at::Tensor& ws,
                             at::ScalarType dtype, std::optional<at::ScalarType> out_dtype) {
-  TORCH_CHECK(xq.is_cuda(), "fusekit: linear_w8a8: xq must be a CUDA tensor; got ", describe(xq));
-  TORCH_CHECK(xq.scalar_type() == at::kChar && xq.dim() >= 1 && xq.is_contiguous() && aligned16(xq.data_ptr()),
-              "fusekit: linear_w8a8: xq must be contiguous, 16-byte aligned int8; got ", describe(xq));
-  const int64_t k = xq.size(-1);
-  TORCH_CHECK(k > 0 && k % 16 == 0 && k < (int64_t{1} << 31),
-              "fusekit: linear_w8a8: K = xq.shape[-1] must be a positive multiple of 16; got ", describe(xq));
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == k && w.device() == xq.device() &&
-                  w.is_contiguous() && aligned16(w.data_ptr()) && w.size(0) % 8 == 0 && w.size(0) > 0 &&
-                  w.size(0) < (int64_t{1} << 31),
-              "fusekit: linear_w8a8: w must be a contiguous, 16-byte aligned int8 [N, K] on xq's device, N a "
-              "positive multiple of 8; got ", describe(w), " for xq ", describe(xq));
-  const int64_t n = w.size(0);
-  const int64_t m = xq.numel() / k;
-  TORCH_CHECK(m < (int64_t{1} << 31), "fusekit: linear_w8a8: too many rows; got ", describe(xq));
-  TORCH_CHECK(xs.scalar_type() == at::kFloat && xs.numel() == m && xs.is_contiguous() && xs.device() == xq.device(),
-              "fusekit: linear_w8a8: xs must be " + std::to_string(m) +
-                  " contiguous float32 row scales on xq's device; got " + describe(xs));
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() == n && ws.is_contiguous() && ws.device() == xq.device(),
-              "fusekit: linear_w8a8: ws must be " + std::to_string(n) +
-                  " contiguous float32 scales on xq's device; got " + describe(ws));
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
-              "fusekit: linear_w8a8: dtype must be float16 or bfloat16; got ", c10::toString(dtype));
-  const bool f32 = out_dtype.has_value() && *out_dtype != dtype;
-  TORCH_CHECK(!f32 || *out_dtype == at::kFloat,
-              "fusekit: linear_w8a8: out_dtype must be None, dtype or float32; got ", c10::toString(*out_dtype));
+  // N a multiple of 8: 16-byte output rows for the TMA store; M and N under 2^31: CUTLASS's int problem shape
+  const W8A8Shape a = check_w8a8_args("linear_w8a8", xq, xs, w, ws, dtype, out_dtype, (int64_t{1} << 31) - 1, 8,
+                                      int64_t{1} << 31);
+  const int64_t m = a.m, n = a.n, k = a.k;
+  const bool f32 = a.f32;
   c10::cuda::CUDAGuard guard(xq.device());
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, xq.device().index()));
@@ -156,7 +136,7 @@ at::Tensor linear_w8a8_cuda(const at::Tensor& xq, const at::Tensor& xs, const at
   std::vector<int64_t> shape(xq.sizes().begin(), xq.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, xq.options().dtype(f32 ? at::kFloat : dtype));
-  if (m == 0) return out;
+  if (out.numel() == 0) return out;
   if (dtype == at::kBFloat16) {
     if (f32) run<cutlass::bfloat16_t, float>(xq, xs, w, ws, out, m, n, k);
     else run<cutlass::bfloat16_t, cutlass::bfloat16_t>(xq, xs, w, ws, out, m, n, k);
