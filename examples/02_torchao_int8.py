@@ -54,7 +54,7 @@ for config in (Int8WeightOnlyConfig(), Int8DynamicActivationInt8WeightConfig()):
         print(f"{type(config).__name__:40s} {phase:8s} rel err vs eager {err:.1e}  fired: {fired}")
         # a rule that matched but whose measured policy kept it off says why (here: the tiny model's sizes) and how
         # to fire it anyway (options={"enable": [rule id]}); the prefill GEMM's rule here
-        kept = {m.pattern: m.reason.split("; ")[0].split("): ", 1)[-1]
+        kept = {m.pattern: m.reason.split("; name it")[0]
                 for m in report.near_misses if m.policy and "tiled" in m.pattern}
         for pattern, why in kept.items():
             print(f"{'':49s} kept off: {pattern} (first site: {why})")

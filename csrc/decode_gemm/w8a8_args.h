@@ -37,8 +37,7 @@ inline W8A8Shape check_w8a8_args(const char* op, const at::Tensor& xq, const at:
               name + "w must be a contiguous, 16-byte aligned int8 [N, K] on xq's device with K = xq.shape[-1], N a "
                   "multiple of " + std::to_string(n_multiple) + " under " + std::to_string(n_limit) +
                   "; got xq " + describe(xq) + ", w " + describe(w));
-  int64_t m = 1;
-  for (int64_t i = 0; i + 1 < xq.dim(); ++i) m *= xq.size(i);
+  const int64_t m = xq.numel() / k;
   TORCH_CHECK(m <= max_rows, name + "too many rows (at most " + std::to_string(max_rows) + "); got xq " +
                                  describe(xq));
   TORCH_CHECK(xs.scalar_type() == at::kFloat && xs.numel() == m && xs.is_contiguous() && xs.device() == xq.device(),
@@ -51,7 +50,7 @@ inline W8A8Shape check_w8a8_args(const char* op, const at::Tensor& xq, const at:
               name + "dtype must be float16 or bfloat16; got " + c10::toString(dtype));
   const bool f32 = out_dtype.has_value() && *out_dtype != dtype;
   TORCH_CHECK(!f32 || *out_dtype == at::kFloat,
-              name + "out_dtype must be None, dtype or float32; got " + (f32 ? c10::toString(*out_dtype) : ""));
+              name + "out_dtype must be None, dtype or float32; got " + c10::toString(*out_dtype));
   return {m, n, k, f32};
 }
 
