@@ -196,6 +196,21 @@ def test_decode_bench_run_records_the_step_rules_near_misses():
     assert res["positions"]["40"]["fusekit"] > 0
 
 
+@pytest.mark.slow
+def test_decode_bench_ablation_turns_one_rule_off(tmp_path):
+    """--ablate on one device: "fusekit without <rule>" is compiled with that rule disabled (its sites lack it, the
+    others stay), timed in the same rounds, and its gain over fusekit is a row of decode.md."""
+    results = decode_bench.bench(["llama"], tmp_path, None, (2,), (8,), generate=False, ablate=("decode.gqa",))
+    be = results[0]["backends"]
+    assert be["fusekit"]["sites"].get("decode.gqa") == 2, be["fusekit"]
+    without = be[decode_bench.WITHOUT + "decode.gqa"]
+    assert "decode.gqa" not in without["sites"] and without["sites"], without
+    row = results[0]["positions"]["8"]
+    assert row["gain decode.gqa"] == row[decode_bench.WITHOUT + "decode.gqa"] / row["fusekit"]
+    md = (tmp_path / "decode.md").read_text()
+    assert "| llama | 2 | 8 | " in md and "| decode.gqa | " in md, md
+
+
 def test_decode_bench_goes_on_past_a_step_the_model_cannot_run(tmp_path, monkeypatch):
     """A step that fails in the model itself (torchao's int8 eager path at fewer than 17 rows on CUDA) is reported and
     skipped; the other batches are still timed and written."""

@@ -49,8 +49,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     enable = tuple(a.enable.split(",")) if a.enable else ()
     if enable and "decode" not in phases:
         print("note: --enable applies to the decode phase", file=sys.stderr)
-    if a.ablate and not a.tp:
-        print("--ablate goes with --tp", file=sys.stderr)
+    if a.ablate and not a.tp and a.phase != "decode":
+        print("--ablate goes with --tp or --phase decode", file=sys.stderr)
         return 2
     if a.tp:
         from . import tp_bench
@@ -66,7 +66,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         # no GPU: a flow check with the reference implementations (flow.py), nothing timed
         from . import flow
 
-        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache", "enable", "quant") if getattr(a, k)]
+        ignored = [f"--{k.replace('_', '-')}" for k in ("modes", "gen_cache", "enable", "quant", "ablate")
+                   if getattr(a, k)]
         if ignored:
             print(f"note: {', '.join(ignored)} only apply on a GPU; the CPU flow check runs eager and fusekit",
                   file=sys.stderr)
@@ -80,7 +81,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         gen_caches = tuple(None if x == "auto" else int(x) for x in a.gen_cache.split(",")) if a.gen_cache else None
         decode_bench.bench(names, pathlib.Path(a.out), None, ints(a.batches), ints(a.positions),
-                           generate=a.generate, gen_caches=gen_caches, enable=enable, quant=a.quant)
+                           generate=a.generate, gen_caches=gen_caches, enable=enable, quant=a.quant,
+                           ablate=tuple(a.ablate.split(",")) if a.ablate else ())
     return 0
 
 
@@ -325,7 +327,7 @@ def parser() -> argparse.ArgumentParser:
                    "batch, decode steps (GPU default batches 1,32, position 1024) and a prefill (--batch x --seq, "
                    "GPU default 4 x 512) as --phase says; without a GPU the tiny models over gloo, rules and logits "
                    "checked. Writes tp.md/.json/.png")
-    b.add_argument("--ablate", default=None, help="--tp: comma-separated rule ids; each also timed as fusekit with "
+    b.add_argument("--ablate", default=None, help="--tp, or --phase decode on one GPU (--quant too): comma-separated rule ids; each also timed as fusekit with "
                    "that rule off (options={'disable': [id]}), e.g. collective.all_reduce_add_rms_norm; ids joined "
                    "by '+' are off together")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "

@@ -29,6 +29,7 @@ from .cuda_graphs import capture
 STEP_FAMILIES = ("decode", "decode_gemm")
 
 BACKENDS = ("eager", "inductor", "fusekit")
+WITHOUT = "fusekit without "  # an ablation's backend: fusekit with one rule (or family) off (--ablate)
 GPU_BATCHES = (1, 8, 32, 64)
 GPU_POSITIONS = (128, 1024, 2048, 4000)
 CACHE_LEN = 4096
@@ -281,7 +282,8 @@ def step_sites(rep: Report) -> dict[str, Any]:
 
 
 def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, cache_len: int, bw: float | None,
-              log: Callable[[str], None] = print, enable: tuple[str, ...] = (), quant: str | None = None) -> dict:
+              log: Callable[[str], None] = print, enable: tuple[str, ...] = (), quant: str | None = None,
+              ablate: tuple[str, ...] = ()) -> dict:
     cpu = device == "cpu"
     st = Step(name, device, batch, cache_len, quant=quant)
     positions = tuple(p for p in positions if p < st.cache_len) or (st.cache_len // 2,)
@@ -290,11 +292,12 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
     logits: dict[str, torch.Tensor] = {}
     steps: dict[str, Callable[[], Any]] = {}
     fns: list[Any] = []
-    backends = list(BACKENDS)
+    backends = [*BACKENDS, *(WITHOUT + r for r in ablate)]
     with torch.no_grad():
         torch._dynamo.reset()
         for be in list(backends):  # compiled side by side: Dynamo keeps one cache entry per backend
-            fn = _compile(be, st.model, cpu, enable)
+            fn = (_compile("fusekit", st.model, cpu, enable, disable=tuple(be.removeprefix(WITHOUT).split("+")))
+                  if be.startswith(WITHOUT) else _compile(be, st.model, cpu, enable))
             try:
                 logits[be], compile_s, rep = first_call(st, fn, positions[0], cpu)
             except Exception as e:  # Inductor's step of a torchao-quantized model may fail (int8 below 17 rows)
@@ -308,6 +311,8 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
             info: dict[str, Any] = {"compile_s": compile_s if be != "eager" else None}
             if be == "fusekit":
                 info.update(step_sites(rep), report=str(rep))
+            elif be.startswith(WITHOUT):
+                info.update(sites=step_sites(rep)["sites"])
             res["backends"][be] = info
             steps[be] = st.repeated(fn)
         # Timed in interleaved rounds (every backend once per round): a slow host drifts from run to run,
@@ -359,6 +364,10 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
             row["speedup" + mode] = i / f if i and f else None
         best = row.get("fusekit+graph") or row.get("fusekit")
         row["floor_frac"] = row["floor_ms"] / best if row.get("floor_ms") and best else None
+        for r in ablate:  # what the rule gains: fusekit without it over fusekit, graphs where both have one
+            mode = "+graph" if row.get(WITHOUT + r + "+graph") and row.get("fusekit+graph") else ""
+            without, f = row.get(WITHOUT + r + mode), row.get("fusekit" + mode)
+            row["gain " + r] = without / f if without and f else None
     del st
     if not cpu:
         torch.cuda.empty_cache()
@@ -456,6 +465,21 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
                          f"{f(row.get('fusekit+graph'))} | {f(row.get('speedup'), '{:.2f}x')} | "
                          f"{f(row.get('speedup+graph'), '{:.2f}x')} | {f(row.get('floor_ms'))} | "
                          f"{f(row.get('floor_frac'), '{:.0%}')} | {sites} |")
+    ablated = [be for be in dict.fromkeys(be for r in results for be in r["backends"]) if be.startswith(WITHOUT)]
+    if ablated:
+        lines += ["", "Ablations: fusekit with one rule off, timed in the same rounds (+graph where both ran as CUDA "
+                  "graphs); gain = that step over fusekit's.", "",
+                  "| model | batch | position | fusekit | without | ms | gain | its sites |", "|---|---|---|---|---|---|---|---|"]
+        for r in results:
+            for be in ablated:
+                if be not in r["backends"]:
+                    continue
+                rule = be.removeprefix(WITHOUT)
+                sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r["backends"][be].get("sites", {}).items()) or "-"
+                for p, row in r["positions"].items():
+                    mode = "+graph" if row.get(be + "+graph") and row.get("fusekit+graph") else ""
+                    lines.append(f"| {r['model']} | {r['batch']} | {p} | {f(row.get('fusekit' + mode))} | {rule} | "
+                                 f"{f(row.get(be + mode))} | {f(row.get('gain ' + rule), '{:.3f}x')} | {sites} |")
     if env.get("skipped"):
         lines += ["", "Not run (the model itself failed the step): " + "; ".join(env["skipped"]) + "."]
     lines += ["", "Compile: the first call of each backend, compiled one after the other, Inductor first; kernels it compiles land in the "
@@ -530,7 +554,7 @@ def warm_up(device: str, dtypes: set[torch.dtype], log: bool = True) -> None:
 def bench(names: list[str], out: pathlib.Path, device: str | None = None, batches: tuple[int, ...] | None = None,
           positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None,
           gen_caches: tuple[int | None, ...] | None = None, enable: tuple[str, ...] = (),
-          quant: str | None = None) -> list[dict]:
+          quant: str | None = None, ablate: tuple[str, ...] = ()) -> list[dict]:
     from .e2e import environment
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -544,6 +568,7 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
     env["copy_gbps"] = bw / 1e9 if bw else None
     env["enable"] = list(enable)
     env["quant"] = quant
+    env["ablate"] = list(ablate)
     print(f"fusekit bench --phase decode{' --quant ' + quant if quant else ''} on {env['device']} "
           f"(torch {env['torch']}): {', '.join(names)}; "
           f"batches {batches}; positions {positions} of {cache_len}", flush=True)
@@ -563,7 +588,7 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
             print(f"[{i}/{len(names)} {time.time() - t0:5.0f}s] {name} batch {b}", flush=True)
             try:
                 results.append(run_model(name, b, positions, device, cache_len, bw, log=lambda s: print(s, flush=True),
-                                         enable=enable, quant=quant))
+                                         enable=enable, quant=quant, ablate=ablate))
             except ModelCannotRun as e:  # a backend's failure is not caught: only the model's own eager step
                 print(f"    skipped: {e}", flush=True)
                 env.setdefault("skipped", []).append(f"{name} batch {b}: {e}")
