@@ -55,6 +55,9 @@ OPS = {
     "dyn_quant_i8": OpSpec("dyn_quant_i8(Tensor x, float eps) -> (Tensor, Tensor)"),
     "quant_fp8": OpSpec("quant_fp8(Tensor x, float scale, *, Tensor? scale_t=None) -> Tensor"),
     "dyn_quant_fp8": OpSpec("dyn_quant_fp8(Tensor x, float eps) -> (Tensor, Tensor)"),
+    # silu(gate) * up quantized per row as torchao's float8 dynamic per-row config does (scale max|h| / 448 rounded to
+    # the dtype): the e4m3 rows and their float32 scales [..., 1]
+    "silu_mul_fp8_rows": OpSpec("silu_mul_fp8_rows(Tensor gate, Tensor up) -> (Tensor, Tensor)", cuda_dtypes=HALF),
     # tensor-core GEMM + epilogue: (act(matmul(a, b) * scale + bias) + residual).to(out_dtype); linear: b is
     # [.., N, K]; act in none/gelu/gelu_tanh/relu/silu; out_dtype None (a's dtype) or float32
     "matmul_epilogue": OpSpec(
@@ -222,6 +225,11 @@ def _(x, scale, *, scale_t=None):
 @torch.library.register_fake("fusekit::dyn_quant_fp8")
 def _(x, eps):
     return _rowwise(x, torch.float8_e4m3fn)
+
+
+@torch.library.register_fake("fusekit::silu_mul_fp8_rows")
+def _(gate, up):
+    return _rowwise(gate, torch.float8_e4m3fn)
 
 
 @torch.library.register_fake("fusekit::quant_i8")

@@ -6,10 +6,13 @@ patterns carry an exact tolerance.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fusion_backend import guards as G
 from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
+
+from .decode_gemm import _fp8_rows
 
 
 FP8 = torch.float8_e4m3fn
@@ -25,6 +28,12 @@ def dyn_quant_fp8_ref(x: Tensor, eps: float = 1e-12) -> tuple[Tensor, Tensor]:
     xf = x.float()
     s = xf.abs().amax(dim=-1, keepdim=True).clamp(min=eps) / 448.0
     return (xf / s).clamp(-448.0, 448.0).to(FP8), s
+
+
+def silu_mul_fp8_rows_ref(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    """SwiGLU's product as torchao's float8 dynamic per-row config quantizes it for the down projection (its
+    scale rounded to the product's dtype: decode_gemm._fp8_rows)."""
+    return _fp8_rows(F.silu(gate) * up)
 
 
 def quant_fp8_ref(x: Tensor, scale: float = 0.05) -> Tensor:
@@ -132,7 +141,47 @@ def _per_tensor(pid: str, **kw) -> Pattern:
         tol=EXACT, fixtures=Fixtures(bad_layout=lambda dt, dev: (rand((16, 8), dt, dev, 4.0).t(),)), **kw)
 
 
+def _vector_rows(*names: str) -> G.Guard:
+    """Can fire: rows a multiple of 8 wide, starting on 16 bytes (the op reads 8 values at a time)."""
+    def check(s: G.Site) -> str | None:
+        for n in names:
+            t = s.tensor(n)
+            if t.shape[-1] % 8 or t.storage_offset() % 8:
+                return f"{n} {tuple(t.shape)}: rows not a multiple of 8 wide or not on 16 bytes"
+        return None
+
+    return G.Guard(f"vector_rows({', '.join(names)})", check)
+
+
+def _silu_mul_fp8_rows(rank: int) -> Pattern:
+    """The down projection's input quantization fused into SwiGLU's product at prefill sizes (the decode GEMM rules
+    take the product and the quantization inside their own launches up to 64 rows, and come first). Inductor reads
+    gate and up twice (a looped reduction: the max, then the quotients); the op once. `rank`: [B, S, N] (a
+    decoder's batch of prompts) or [T, N] (tokens); the max's dim is spelled by number."""
+    return Pattern(
+        f"quantize.silu_mul_fp8_rows{'' if rank == 3 else '_2d'}", reference=silu_mul_fp8_rows_ref,
+        op="silu_mul_fp8_rows", dtypes=(torch.float16, torch.bfloat16), trace="inductor",
+        trace_case=(2, 40, 24) if rank == 3 else (80, 24),
+        inputs=lambda case, dt, dev: (rand(case, dt, dev, 2.0), rand(case, dt, dev)),
+        guards=(G.contiguous("gate", "up"), _vector_rows("gate", "up")),
+        # not yet measured against Inductor's reduction on a GPU: opt-in, and only at prefill sizes
+        cuda_default=False, cuda_min_numel=1 << 20, tol=EXACT,
+        fixtures=Fixtures(
+            cases=((3, 40, 64), (1, 300, 24)) if rank == 3 else ((120, 64), (300, 24)),
+            # the bench models' widths, one row, rows of 8, a row wider than the op keeps in registers
+            gpu_cases=((4, 512, 5632), (2, 1, 8960), (3, 1000, 8), (1, 5, 33000)) if rank == 3 else
+            ((2048, 5632), (1, 8960), (1000, 8), (5, 33000)),
+            bad_layout=lambda dt, dev: ((rand((64, 16), dt, dev).t(), rand((16, 64), dt, dev)) if rank == 2 else
+                                        (rand((2, 64, 16), dt, dev).transpose(1, 2), rand((2, 16, 64), dt, dev))),
+            bad_reason="contiguous",
+            # where the rule does not fire, Inductor's CPU code may round a quotient to the next e4m3 (one step:
+            # 2^-3 relative, 2^-9 among the subnormals)
+            inductor_tol={dt: (2.0 ** -9, 0.125) for dt in (torch.float16, torch.bfloat16)}),
+    )
+
+
 PATTERNS = [
+    *[_silu_mul_fp8_rows(rank) for rank in (3, 2)],  # a producer and its quantization: before the quantizations alone
     # Without an epsilon (before the rules with one, which would take its clamp(min=0.0) form too)
     _dyn("quantize.dyn_quant_i8_no_eps", dyn_quant_i8_ref, "dyn_quant_i8", static={"eps": 0.0},  # hand-written W8A8
          variants=_rowwise_spellings(127, lambda t: torch.clamp(torch.round(t), -128, 127).to(torch.int8))),

@@ -44,6 +44,7 @@
 #include "decode_gemm/decode_linear.cuh"      // Params, part_of, tile_part, set_tile_ends, epilogue, loads, mma_chunk
 #include "decode_gemm/decode_linear_tma.cuh"  // launch_tma_fp8
 #include "dtype_dispatch.cuh"
+#include "quantize/torchao_rows.cuh"  // kFp8Max, div_rn, quantize2, amax2, row_scale
 
 namespace fusekit {
 namespace decode_fp8 {
@@ -55,10 +56,7 @@ using decode_gemm::load_stream;
 using decode_gemm::mma_chunk;
 using decode_gemm::part_of;
 
-constexpr int kChunk8 = 64;      // k per chunk: 4 lanes x 16 values
-constexpr float kFp8Max = 448.f;  // torch.finfo(torch.float8_e4m3fn).max
-constexpr float kInt8Div = 127.5f;                  // torchao's symmetric int8 range: (127 - -128) / 2
-constexpr float kInt8Eps = 1.1920928955078125e-07f;  // torch.finfo(torch.float32).eps, torchao's scale floor
+constexpr int kChunk8 = 64;  // k per chunk: 4 lanes x 16 values
 
 // decode_linear's parameters (x, the parts' w / out / n / tile ends, m, k, act; bias unused) and the scales.
 // NW = 1: `parts` e4m3 weights of x (q, k, v), out[i] = x w[i]^T. NW = 2: w[0] gate, w[1] up of one N, out[0] =
@@ -87,32 +85,11 @@ __device__ __forceinline__ void widen16(const uint4& q, uint4& a, uint4& b) {
   b = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
-// x / s correctly rounded from r = 1/s (rounded): one Newton step on the quotient (the residual exact by fma)
-__device__ __forceinline__ float div_rn(float x, float s, float r) {
-  const float q = __fmul_rn(x, r);
-  return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
-}
-
-// 2 values of x (one word of T) quantized with the row's s (and r = 1/s) -> two e4m3, the first in the low byte
-template <typename T>
-__device__ __forceinline__ __nv_fp8x2_storage_t quantize2(uint32_t v, float s, float r) {
-  const float2 f = to_float2<T>(v);
-  // satfinite: beyond +-448 -> +-448 (the clamp), NaN stays NaN (as clamp then cast)
-  return __nv_cvt_float2_to_fp8x2(make_float2(div_rn(f.x, s, r), div_rn(f.y, s, r)), __NV_SATFINITE, __NV_E4M3);
-}
-
 // 8 values of x (one uint4) quantized -> 8 float16 holding e4m3 values
 template <typename T>
 __device__ __forceinline__ uint4 quantize8(const uint4& v, float s, float r) {
   return make_uint4(widen2(quantize2<T>(v.x, s, r)), widen2(quantize2<T>(v.y, s, r)), widen2(quantize2<T>(v.z, s, r)),
                     widen2(quantize2<T>(v.w, s, r)));
-}
-
-// max of two values >= 0 (or NaN with its sign cleared): NANP keeps a NaN as torch's amax does (as bits, a positive
-// NaN is above infinity), else fmaxf, which drops it
-template <bool NANP>
-__device__ __forceinline__ float amax2(float a, float b) {
-  return NANP ? __uint_as_float(max(__float_as_uint(a), __float_as_uint(b))) : fmaxf(a, b);
 }
 
 // max |x| over x[first], x[first + stride], ... (8 values per load) of a row of k, reduced over the warp; as a float
@@ -132,19 +109,6 @@ __device__ __forceinline__ float warp_amax(const T* x, int k, int first, int str
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) a = amax2<NANP>(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
   return a;
-}
-
-// the row's scale from its max |x|: amax / 448 rounded to x's dtype (as eager divides a T tensor), as a float
-// I8: amax / 127.5 rounded to x's dtype, floored at float32's eps, rounded to x's dtype again (eps is exact in both);
-// a NaN amax (I8 keeps it: warp_amax NANP) stays NaN through the floor, as torch's clamp_min: the row's output NaN
-template <typename T, bool I8 = false>
-__device__ __forceinline__ float row_scale(float amax) {
-  if constexpr (I8) {
-    const float s = to_float(from_float<T>(__fdiv_rn(amax, kInt8Div)));
-    return to_float(from_float<T>(s != s ? s : fmaxf(s, kInt8Eps)));
-  } else {
-    return to_float(from_float<T>(__fdiv_rn(amax, kFp8Max)));
-  }
 }
 
 // one value of x -> int8 as torchao: x * (1 / s) in float32 (r = 1 / s correctly rounded), rounded half to even,
