@@ -130,6 +130,8 @@ def test_shaped_kernel_matches_reference(p, dtype, case):
     _check(p, args, out)
     refs = _eager(p, args)
     for o, ref in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (out, refs))):
+        if o.dtype == torch.float8_e4m3fn:  # compared bit for bit above (nan_to_num takes no float8)
+            continue
         dead = ref.isnan() | (ref == 0).all(-1, keepdim=True)  # fully masked rows: exactly as the reference
         assert torch.equal(o[dead.expand_as(o)].nan_to_num(7.0), ref[dead.expand_as(ref)].nan_to_num(7.0))
 

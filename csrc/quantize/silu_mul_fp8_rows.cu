@@ -28,7 +28,7 @@
 
 #include "checks.h"                     // FK_CHECK_*, aligned16, describe
 #include "elementwise/activations.cuh"  // silu (eager's float32 formula)
-#include "quantize/torchao_rows.cuh"    // row_scale, quantize2, amax2
+#include "quantize/torchao_rows.cuh"    // row_scale, div_rn, amax2
 
 namespace fusekit {
 namespace {
@@ -64,11 +64,24 @@ __device__ __forceinline__ float absmax8(const uint4& v, float a) {
   return a;
 }
 
+// 2 values (one word of T) -> two e4m3 as torchao_rows.cuh's quantize2, with a zero quotient keeping x's sign:
+// div_rn's correcting FMAs turn -0 into +0, and SwiGLU's product holds -0 (silu of a very negative gate, or a zero
+// times a negative up) where eager writes e4m3 -0 (0x80)
+template <typename T>
+__device__ __forceinline__ uint32_t quantize2_signed(uint32_t v, float s, float r) {
+  const float2 f = to_float2<T>(v);
+  const auto q = [&](float x) {
+    const float t = div_rn(x, s, r);
+    return t == 0.f ? copysignf(t, x) : t;
+  };
+  return __nv_cvt_float2_to_fp8x2(make_float2(q(f.x), q(f.y)), __NV_SATFINITE, __NV_E4M3);
+}
+
 // 8 values -> 8 e4m3 in memory order
 template <typename T>
 __device__ __forceinline__ uint2 quantize8_e4m3(const uint4& v, float s, float r) {
   const auto four = [&](uint32_t lo, uint32_t hi) {
-    return static_cast<uint32_t>(quantize2<T>(lo, s, r)) | (static_cast<uint32_t>(quantize2<T>(hi, s, r)) << 16);
+    return quantize2_signed<T>(lo, s, r) | (quantize2_signed<T>(hi, s, r) << 16);
   };
   return make_uint2(four(v.x, v.y), four(v.z, v.w));
 }
