@@ -12,8 +12,6 @@ from torch import Tensor
 from fusion_backend import guards as G
 from fusion_backend.registry import EXACT, Fixtures, Pattern, rand
 
-from .decode_gemm import _fp8_rows
-
 
 FP8 = torch.float8_e4m3fn
 
@@ -31,9 +29,11 @@ def dyn_quant_fp8_ref(x: Tensor, eps: float = 1e-12) -> tuple[Tensor, Tensor]:
 
 
 def silu_mul_fp8_rows_ref(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    """SwiGLU's product as torchao's float8 dynamic per-row config quantizes it for the down projection (its
-    scale rounded to the product's dtype: decode_gemm._fp8_rows)."""
-    return _fp8_rows(F.silu(gate) * up)
+    """SwiGLU's product as torchao's float8 dynamic per-row config quantizes it for the down projection: the row's
+    max |h| / 448 in h's dtype, then float32 (decode_gemm's x quantization, spelled again: a family imports no other)."""
+    h = F.silu(gate) * up
+    s = (h.abs().amax(h.dim() - 1, keepdim=True) / 448.0).float()
+    return (h.float() / s).clamp(-448.0, 448.0).to(FP8), s
 
 
 def quant_fp8_ref(x: Tensor, scale: float = 0.05) -> Tensor:
