@@ -322,6 +322,22 @@ def test_prefill_bench_runs_the_model_quantized_by_torchao(monkeypatch):
     assert "| llama (int8-weight-only) |" in md and "Int8WeightOnlyConfig" in md, md
 
 
+def test_prefill_bench_passes_enabled_rules_to_fusekit(monkeypatch):
+    """fusekit bench --enable reaches the prefill phase's fusekit modes as options={'enable': [...]} (an opt-in rule
+    timed end to end), and the table says so; the other modes are compiled without fusekit."""
+    from fusion_backend.tools import e2e
+
+    seen = []
+    monkeypatch.setattr(e2e, "fusekit_backend", lambda mode=None, options=None: seen.append((mode, options)) or "eager")
+    model = torch.nn.Linear(4, 4)
+    for mode in ("fusekit", "fusekit-ro", "inductor"):
+        e2e._compiled(mode, model, False, ("quantize.silu_mul_fp8_rows",))
+    assert seen == [(None, {"enable": ["quantize.silu_mul_fp8_rows"]}),
+                    ("reduce-overhead", {"enable": ["quantize.silu_mul_fp8_rows"]})], seen
+    md = e2e.markdown([], {**e2e.environment(), "enable": ["quantize.silu_mul_fp8_rows"]})
+    assert "options={'enable': ['quantize.silu_mul_fp8_rows']}" in md, md
+
+
 def test_prefill_speedups_compare_graphs_with_graphs():
     """fusekit bench's prefill table: fusekit-ro (CUDA graphs) is timed against inductor-ro (Inductor's CUDA graphs)
     where that mode ran, against plain Inductor otherwise; the other modes, inductor-ro too, against plain Inductor."""

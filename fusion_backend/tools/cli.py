@@ -47,8 +47,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
     grad_modes = e2e.GRAD_MODES if a.grad_mode == "both" else (a.grad_mode,)
     phases = ("prefill", "decode") if a.phase == "both" else (a.phase,)
     enable = tuple(a.enable.split(",")) if a.enable else ()
-    if enable and "decode" not in phases:
-        print("note: --enable applies to the decode phase", file=sys.stderr)
     if a.ablate and not a.tp and a.phase != "decode":
         print("--ablate goes with --tp or --phase decode", file=sys.stderr)
         return 2
@@ -75,7 +73,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                    ints(a.positions), a.generate, log=lambda s: print(s, flush=True))
         return 0
     if "prefill" in phases:
-        e2e.bench(names, modes, pathlib.Path(a.out), None, _dtype(a.dtype), a.batch, a.seq, grad_modes, a.quant)
+        e2e.bench(names, modes, pathlib.Path(a.out), None, _dtype(a.dtype), a.batch, a.seq, grad_modes, a.quant,
+                  enable)
     if "decode" in phases:
         from . import decode_bench
 
@@ -313,8 +312,8 @@ def parser() -> argparse.ArgumentParser:
                    "eager's on CPU (default: off there)")
     b.add_argument("--gen-cache", default=None, help="decode, GPU: comma-separated static cache sizes for generate; "
                    "auto = prompt + new, transformers' own (default auto,4096)")
-    b.add_argument("--enable", default=None, help="decode: comma-separated opt-in rule ids fusekit also fires "
-                   "(options={'enable': [...]}), e.g. decode.mha")
+    b.add_argument("--enable", default=None, help="comma-separated opt-in rule ids fusekit also fires "
+                   "(options={'enable': [...]}), e.g. decode.mha, quantize.silu_mul_fp8_rows")
     b.add_argument("--quant", default=None,
                    choices=("int8-weight-only", "int8-dynamic", "fp8-rowwise", "fp8-weight-only"),
                    help="GPU, decode and prefill: the model quantized with torchao first (pip install fusekit[quant]); "

@@ -25,10 +25,12 @@ def graphed(mode: str) -> bool:
     return mode.endswith("-ro")
 
 
-def _compiled(mode: str, model: Any, cpu: bool) -> Callable[..., Any]:
+def _compiled(mode: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Each mode compiles its own entry for the model's forward (Dynamo guards on the backend), so the
-    modes can be timed side by side."""
-    opts = {"cpu_reference": True} if cpu else None
+    modes can be timed side by side. `enable`: opt-in rules fusekit also fires."""
+    from .decode_bench import fusekit_options
+
+    opts = fusekit_options(cpu, enable)
     if mode == "eager":
         return model
     if mode == "inductor":
@@ -93,8 +95,9 @@ def grad_context(grad_mode: str) -> Any:
 
 def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype | None = None,
               batch: int | None = None, seq: int | None = None, log: Callable[[str], None] = print,
-              grad_mode: str = "inference", quant: str | None = None) -> dict:
-    """One model's forward under each mode; `quant`: quantized by torchao first (models.QUANT), every mode alike."""
+              grad_mode: str = "inference", quant: str | None = None, enable: tuple[str, ...] = ()) -> dict:
+    """One model's forward under each mode; `quant`: quantized by torchao first (models.QUANT), every mode alike;
+    `enable`: opt-in rules fusekit also fires."""
     cpu = device == "cpu"
     model, inputs, desc = models.make(name, device, dtype, batch, seq)
     if quant:
@@ -108,7 +111,7 @@ def run_model(name: str, modes: tuple[str, ...], device: str, dtype: torch.dtype
         for mode in modes:
             if cpu and graphed(mode):
                 continue  # CUDA graphs need a GPU
-            f = _compiled(mode, model, cpu)
+            f = _compiled(mode, model, cpu, enable)
             if not cpu:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -179,6 +182,7 @@ def markdown(results: list[dict], env: dict) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}"
              + (f", torchao {env['torchao']}: every mode runs the model quantized by torchao ({env['quant']}: "
                 f"{models.QUANT[env['quant']]})" if env.get("quant") else "")
+             + (f"; fusekit with options={{'enable': {env['enable']}}}" if env.get("enable") else "")
              + f". Latency: the median of {ROUNDS} rounds in "
              f"which the modes take turns (each round's median from "
              f"{'triton do_bench' if env['cuda'] else 'a timed loop'}; min-max over the rounds); host ms = the time "
@@ -236,9 +240,12 @@ def environment() -> dict:
 
 def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, device: str | None = None,
           dtype: torch.dtype | None = None, batch: int | None = None, seq: int | None = None,
-          grad_modes: tuple[str, ...] = ("inference",), quant: str | None = None) -> list[dict]:
+          grad_modes: tuple[str, ...] = ("inference",), quant: str | None = None,
+          enable: tuple[str, ...] = ()) -> list[dict]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     env = environment()
+    if enable:
+        env["enable"] = list(enable)
     if quant:  # every mode runs the model quantized by torchao
         import torchao
 
@@ -251,7 +258,7 @@ def bench(model_names: list[str], modes: tuple[str, ...], out: pathlib.Path, dev
         print(f"[{i}/{len(model_names)} {time.time() - t0:5.0f}s] {name}", flush=True)
         for gm in grad_modes:
             results.append(run_model(name, modes, device, dtype, batch, seq, log=lambda s: print(s, flush=True),
-                                     grad_mode=gm, quant=quant))
+                                     grad_mode=gm, quant=quant, enable=enable))
         out.mkdir(parents=True, exist_ok=True)  # write after every model: a long run keeps what it has
         (out / "bench.json").write_text(json.dumps({"env": env, "results": results}, indent=1, default=str))
         (out / "bench.md").write_text(markdown(results, env))
