@@ -326,9 +326,10 @@ def parser() -> argparse.ArgumentParser:
                    "batch, decode steps (GPU default batches 1,32, position 1024) and a prefill (--batch x --seq, "
                    "GPU default 4 x 512) as --phase says; without a GPU the tiny models over gloo, rules and logits "
                    "checked. Writes tp.md/.json/.png")
-    b.add_argument("--ablate", default=None, help="--tp, or --phase decode on one GPU (--quant too): comma-separated rule ids; each also timed as fusekit with "
-                   "that rule off (options={'disable': [id]}), e.g. collective.all_reduce_add_rms_norm; ids joined "
-                   "by '+' are off together")
+    b.add_argument("--ablate", default=None, help="--tp, or --phase decode on one GPU (--quant too): "
+                   "comma-separated rule ids; each also timed as fusekit with that rule off "
+                   "(options={'disable': [id]}), e.g. collective.all_reduce_add_rms_norm; ids joined by '+' are off "
+                   "together")
     b.add_argument("--out", default="fusekit_bench", help="folder for bench.md/.json/.png and decode.md/.json/.png "
                    "(default: fusekit_bench)")
     b.set_defaults(fn=cmd_bench)

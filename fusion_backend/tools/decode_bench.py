@@ -24,6 +24,7 @@ from . import models
 from ..backend import backend as fusekit_backend
 from ..report import Report, near_miss_groups, no_compile_caches
 from .cuda_graphs import capture
+from .e2e import environment, fusekit_options
 
 # The families whose near misses the table explains: a layer's attention and its GEMMs
 STEP_FAMILIES = ("decode", "decode_gemm")
@@ -242,13 +243,6 @@ def _ms(fn: Callable[[], Any], cpu: bool) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def fusekit_options(cpu: bool, enable: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> dict[str, Any] | None:
-    """The bench's fusekit options: the CPU references where there is no GPU, and the opt-in (or off) rules named."""
-    opts = {**({"cpu_reference": True} if cpu else {}), **({"enable": list(enable)} if enable else {}),
-            **({"disable": list(disable)} if disable else {})}
-    return opts or None
-
-
 def _compile(backend: str, model: Any, cpu: bool, enable: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> Any:
     """Default dynamism: a sliding-window cache's length counter is a Python int that changes every step (one
     recompile makes it symbolic; dynamic=False would recompile every step). No Dynamo reset here: the
@@ -279,6 +273,11 @@ def step_sites(rep: Report) -> dict[str, Any]:
     return {"sites": {k: v for k, v in rep.sites.items() if v},
             "near_misses": [g for g in near_miss_groups(rep) if g["pattern"].split(".")[0] in STEP_FAMILIES],
             "errors": len(rep.errors)}
+
+
+def _ablation_mode(row: dict, without: str) -> str:
+    """The timing an ablation compares: "+graph" where fusekit and `without` both ran as CUDA graphs, else ""."""
+    return "+graph" if row.get(without + "+graph") and row.get("fusekit+graph") else ""
 
 
 def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, cache_len: int, bw: float | None,
@@ -364,8 +363,8 @@ def run_model(name: str, batch: int, positions: tuple[int, ...], device: str, ca
             row["speedup" + mode] = i / f if i and f else None
         best = row.get("fusekit+graph") or row.get("fusekit")
         row["floor_frac"] = row["floor_ms"] / best if row.get("floor_ms") and best else None
-        for r in ablate:  # what the rule gains: fusekit without it over fusekit, graphs where both have one
-            mode = "+graph" if row.get(WITHOUT + r + "+graph") and row.get("fusekit+graph") else ""
+        for r in ablate:  # what the rule gains: fusekit without it over fusekit
+            mode = _ablation_mode(row, WITHOUT + r)
             without, f = row.get(WITHOUT + r + mode), row.get("fusekit" + mode)
             row["gain " + r] = without / f if without and f else None
     del st
@@ -477,7 +476,7 @@ def markdown(results: list[dict], gens: list[dict], env: dict) -> str:
                 rule = be.removeprefix(WITHOUT)
                 sites = ", ".join(f"{k.split('.')[-1]}x{v}" for k, v in r["backends"][be].get("sites", {}).items()) or "-"
                 for p, row in r["positions"].items():
-                    mode = "+graph" if row.get(be + "+graph") and row.get("fusekit+graph") else ""
+                    mode = _ablation_mode(row, be)
                     lines.append(f"| {r['model']} | {r['batch']} | {p} | {f(row.get('fusekit' + mode))} | {rule} | "
                                  f"{f(row.get(be + mode))} | {f(row.get('gain ' + rule), '{:.3f}x')} | {sites} |")
     if env.get("skipped"):
@@ -555,8 +554,6 @@ def bench(names: list[str], out: pathlib.Path, device: str | None = None, batche
           positions: tuple[int, ...] | None = None, generate: bool | None = None, gen_batch: int | None = None,
           gen_caches: tuple[int | None, ...] | None = None, enable: tuple[str, ...] = (),
           quant: str | None = None, ablate: tuple[str, ...] = ()) -> list[dict]:
-    from .e2e import environment
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cpu = device == "cpu"
     names = [n for n in names if not models.MODELS[n].encoder]

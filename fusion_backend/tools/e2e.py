@@ -25,11 +25,16 @@ def graphed(mode: str) -> bool:
     return mode.endswith("-ro")
 
 
+def fusekit_options(cpu: bool, enable: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The benches' fusekit options: the CPU references where there is no GPU, and the opt-in (or off) rules named."""
+    opts = {**({"cpu_reference": True} if cpu else {}), **({"enable": list(enable)} if enable else {}),
+            **({"disable": list(disable)} if disable else {})}
+    return opts or None
+
+
 def _compiled(mode: str, model: Any, cpu: bool, enable: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Each mode compiles its own entry for the model's forward (Dynamo guards on the backend), so the
     modes can be timed side by side. `enable`: opt-in rules fusekit also fires."""
-    from .decode_bench import fusekit_options
-
     opts = fusekit_options(cpu, enable)
     if mode == "eager":
         return model

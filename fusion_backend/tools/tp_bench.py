@@ -26,10 +26,9 @@ import torch.distributed as dist
 from .. import collectives
 from . import models
 from .cuda_graphs import capture
-from .decode_bench import Prompt, Step, _compile, copy_bandwidth, first_call, step_sites, warm_up
+from .decode_bench import WITHOUT, Prompt, Step, _compile, copy_bandwidth, first_call, step_sites, warm_up
 
 BACKENDS = ("inductor", "fusekit")
-WITHOUT = "fusekit without "  # an ablation's backend: fusekit with one rule off (--ablate)
 ROUNDS = 5  # interleaved rounds; each times REPS replays of each backend's graph
 REPS = 50
 # The machine's NVLink multicast stays off (it can take the host's GPUs down): set for the ranks too
